@@ -1,0 +1,31 @@
+# nala-mm: every target sets up the environment first (idempotent, seconds once built).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+export PYTHONUNBUFFERED := 1
+
+.PHONY: setup test test-slow demo demo-det bench clean-demo
+
+setup:
+	@bash tools/setup_env.sh
+
+# The whole test suite: tiny models, tiny generated data (< 15 min on 2 cores).
+test: setup
+	$(PY) -m pytest tests -q -m "not slow" -p no:cacheprovider
+
+# Heavier end-to-end checks (long AMP run, crash/resume with a killed process, ...).
+test-slow: setup
+	$(PY) -m pytest tests -q -m slow -p no:cacheprovider
+
+# Main job on the embedded default: synthetic ADE20K-layout data -> UperNet + NaLaFormer -> mIoU.
+demo: setup
+	$(PY) tools/demo.py seg
+
+# COCO-format synthetic instances -> Mask R-CNN + NaLaFormer -> bbox/segm AP.
+demo-det: setup
+	$(PY) tools/demo.py det
+
+bench: setup
+	$(PY) benchmarks/attention.py
+
+clean-demo:
+	rm -rf data/demo work_dirs/demo*

@@ -1,0 +1,15 @@
+"""nala-mm: NaLaFormer (norm-aware linear attention) for MMSegmentation 1.x and MMDetection 3.x.
+
+``custom_imports = dict(imports=['nala_mm'])`` in any mm config registers the backbone, the
+attention layers and the datasets, and makes checkpoints of the Runner load under torch's
+weights-only unpickling (see :mod:`nala_mm.checkpoint_safety`).
+"""
+from .checkpoint_safety import install_checkpoint_allowlist
+from .version import __version__
+
+install_checkpoint_allowlist()
+
+from . import datasets, models  # noqa: E402,F401  (registration side effects)
+from .models import NaLaFormer, NormAwareLinearAttention, SoftmaxAttention  # noqa: E402
+
+__all__ = ['__version__', 'NaLaFormer', 'NormAwareLinearAttention', 'SoftmaxAttention']

@@ -1,0 +1,301 @@
+"""NaLaFormer backbone for dense prediction (spec §2), registered for mmseg and mmdet.
+
+Module names follow the authors' classification code (spec §3) so their checkpoints load after
+:func:`nala_mm.models.checkpoint_filter.filter_authors_checkpoint` drops the classification tail.
+"""
+from typing import Dict, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.nn.functional as F
+import torch.utils.checkpoint as cp
+from einops import rearrange
+from mmcv.cnn import build_norm_layer
+from mmcv.cnn.bricks import DropPath
+from mmengine.logging import print_log
+from mmengine.model import BaseModule
+from mmengine.model.weight_init import trunc_normal_
+from torch import Tensor, nn
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from ..registry import register_model
+from .attention import NormAwareLinearAttention, SoftmaxAttention
+from .checkpoint_filter import load_authors_checkpoint
+
+# Variants as data (spec §2 table).
+ARCH_SETTINGS: Dict[str, dict] = {
+    'xt': dict(embed_dims=(32, 64, 128, 384), depths=(2, 2, 2, 2), num_heads=(1, 2, 4, 12),
+               mlp_ratios=(3.5,) * 4, drop_path_rate=0.10, layer_scale_init_values=(1.0,) * 4),
+    't': dict(embed_dims=(64, 128, 256, 512), depths=(2, 2, 6, 2), num_heads=(1, 2, 4, 8),
+              mlp_ratios=(4.0,) * 4, drop_path_rate=0.10, layer_scale_init_values=(1.0,) * 4),
+    's': dict(embed_dims=(64, 128, 320, 512), depths=(3, 5, 9, 3), num_heads=(1, 2, 5, 8),
+              mlp_ratios=(3.5,) * 4, drop_path_rate=0.15, layer_scale_init_values=(1.0,) * 4),
+    'b': dict(embed_dims=(96, 192, 384, 512), depths=(4, 6, 12, 6), num_heads=(1, 2, 6, 8),
+              mlp_ratios=(4.0,) * 4, drop_path_rate=0.40,
+              layer_scale_init_values=(1.0, 1.0, 1e-6, 1e-6)),
+    'l': dict(embed_dims=(96, 192, 448, 640), depths=(4, 7, 19, 8), num_heads=(1, 2, 7, 10),
+              mlp_ratios=(3.5,) * 4, drop_path_rate=0.55, layer_scale_init_values=(1e-6,) * 4),
+}
+PER_STAGE_KEYS = ('embed_dims', 'depths', 'num_heads', 'mlp_ratios', 'layer_scale_init_values')
+ATTENTION_TYPES = {'nala': NormAwareLinearAttention, 'softmax': SoftmaxAttention}
+NUM_STAGES = 4
+
+
+def resolve_arch(arch: Union[str, dict]) -> dict:
+    """Variant name or explicit dict -> validated per-stage settings."""
+    if isinstance(arch, str):
+        if arch.lower() not in ARCH_SETTINGS:
+            raise ValueError(f'unknown NaLaFormer arch {arch!r}; expected one of '
+                             f'{sorted(ARCH_SETTINGS)} or a dict with keys {PER_STAGE_KEYS}')
+        return dict(ARCH_SETTINGS[arch.lower()])
+    if not isinstance(arch, dict):
+        raise TypeError(f'arch must be a str or dict, got {type(arch).__name__}')
+    settings = dict(arch)
+    settings.setdefault('mlp_ratios', (4.0,) * NUM_STAGES)
+    settings.setdefault('layer_scale_init_values', (1.0,) * NUM_STAGES)
+    settings.setdefault('drop_path_rate', 0.1)
+    missing = [key for key in PER_STAGE_KEYS if key not in settings]
+    if missing:
+        raise ValueError(f'arch dict is missing {missing}; it needs {PER_STAGE_KEYS}')
+    for key in PER_STAGE_KEYS:
+        if len(settings[key]) != NUM_STAGES:
+            raise ValueError(f'arch[{key!r}] must have {NUM_STAGES} entries (one per stage), got '
+                             f'{len(settings[key])}: {settings[key]}')
+    return settings
+
+
+class LayerNorm2d(nn.Module):
+    """LayerNorm over channels of a (B, C, H, W) map; the authors' ``normX.norm`` layout."""
+
+    def __init__(self, channels: int, eps: float = 1e-6):
+        super().__init__()
+        self.norm = nn.LayerNorm(channels, eps=eps)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return rearrange(self.norm(rearrange(x, 'b c h w -> b h w c')), 'b h w c -> b c h w')
+
+
+def depthwise_conv(channels: int, kernel_size: int = 3) -> nn.Conv2d:
+    return nn.Conv2d(channels, channels, kernel_size, padding=kernel_size // 2, groups=channels)
+
+
+class ConvFFN(nn.Module):
+    """Linear -> GELU -> h + dwconv3x3(h) -> Linear."""
+
+    def __init__(self, channels: int, hidden: int):
+        super().__init__()
+        self.fc1 = nn.Linear(channels, hidden)
+        self.dwconv = depthwise_conv(hidden)
+        self.fc2 = nn.Linear(hidden, channels)
+
+    def forward(self, x: Tensor) -> Tensor:
+        hidden = F.gelu(self.fc1(rearrange(x, 'b c h w -> b h w c')))
+        hidden = rearrange(hidden, 'b h w c -> b c h w')
+        hidden = rearrange(hidden + self.dwconv(hidden), 'b c h w -> b h w c')
+        return rearrange(self.fc2(hidden), 'b h w c -> b c h w')
+
+
+class NaLaBlock(nn.Module):
+    """cpe1 -> attention -> cpe2 -> FFN, each residual; LayerScale and DropPath on the branches."""
+
+    def __init__(self, channels: int, num_heads: int, mlp_ratio: float, attn_type: str,
+                 attn_kwargs: dict, layer_scale_init: float, drop_path: float, with_cp: bool):
+        super().__init__()
+        self.cpe1 = depthwise_conv(channels)
+        self.norm1 = LayerNorm2d(channels)
+        attn_cls = ATTENTION_TYPES[attn_type]
+        self.attn = attn_cls(channels, num_heads, **(attn_kwargs if attn_type == 'nala' else {}))
+        self.cpe2 = depthwise_conv(channels)
+        self.norm2 = LayerNorm2d(channels)
+        self.ffn = ConvFFN(channels, int(channels * mlp_ratio))
+        self.gamma_1 = nn.Parameter(torch.full((1, channels, 1, 1), float(layer_scale_init)))
+        self.gamma_2 = nn.Parameter(torch.full((1, channels, 1, 1), float(layer_scale_init)))
+        self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        self.with_cp = with_cp
+
+    def _forward(self, x: Tensor) -> Tensor:
+        x = x + self.cpe1(x)
+        x = x + self.drop_path(self.gamma_1 * self.attn(self.norm1(x)))
+        x = x + self.cpe2(x)
+        return x + self.drop_path(self.gamma_2 * self.ffn(self.norm2(x)))
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.with_cp and x.requires_grad:
+            return cp.checkpoint(self._forward, x, use_reentrant=False)
+        return self._forward(x)
+
+
+class NaLaStage(nn.Module):
+    """Blocks at one resolution, then (stages 1-3) a conv3x3/s2 + BN downsample."""
+
+    def __init__(self, blocks: nn.ModuleList, downsample: Optional[nn.Module]):
+        super().__init__()
+        self.blocks = blocks
+        self.downsample = downsample
+
+    def forward(self, x: Tensor) -> Tuple[Tensor, Tensor]:
+        for block in self.blocks:
+            x = block(x)
+        return x, (self.downsample(x) if self.downsample is not None else x)
+
+
+class Downsample(nn.Module):
+
+    def __init__(self, in_channels: int, out_channels: int, norm_cfg: dict):
+        super().__init__()
+        self.reduction = nn.Conv2d(in_channels, out_channels, 3, stride=2, padding=1)
+        self.norm = build_norm_layer(norm_cfg, out_channels)[1]
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.norm(self.reduction(x))
+
+
+class PatchEmbed(nn.Module):
+    """Stride-4 conv stem: 3x3/s2, 3x3, 3x3, 3x3/s2 (indices 0..10 as in the authors' code)."""
+
+    def __init__(self, in_channels: int, out_channels: int, norm_cfg: dict):
+        super().__init__()
+        mid = out_channels // 2
+
+        def conv_bn(cin: int, cout: int, stride: int):
+            return [nn.Conv2d(cin, cout, 3, stride=stride, padding=1),
+                    build_norm_layer(norm_cfg, cout)[1]]
+
+        self.proj = nn.Sequential(
+            *conv_bn(in_channels, mid, 2), nn.GELU(),
+            *conv_bn(mid, mid, 1), nn.GELU(),
+            *conv_bn(mid, mid, 1), nn.GELU(),
+            *conv_bn(mid, out_channels, 2))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.proj(x)
+
+
+@register_model
+class NaLaFormer(BaseModule):
+    """NaLaFormer: hierarchical backbone with norm-aware linear attention.
+
+    Args:
+        arch: ``'xt' | 't' | 's' | 'b' | 'l'`` or a dict with ``embed_dims, depths, num_heads``
+            (and optionally ``mlp_ratios, layer_scale_init_values, drop_path_rate``).
+        attn_types: per stage ``'nala'`` or ``'softmax'``; the released hybrid by default.
+        kernel, alpha, lam, tau: passed to every NaLa layer (see ``NormAwareLinearAttention``).
+        in_channels: image channels.
+        out_indices: stages whose features (before the downsample) are returned.
+        drop_path_rate: stochastic depth, linearly increasing; ``None`` = the variant's.
+        frozen_stages: -1 trains all; 0 freezes the stem; i freezes the stem and stages 1..i.
+        norm_eval: keep BatchNorm layers in eval mode while training.
+        with_cp: activation checkpointing per block (less memory, one more forward).
+        norm_cfg: norm of the stem and downsample convs (``dict(type='SyncBN')`` for DDP).
+        init_cfg: ``dict(type='Pretrained', checkpoint=PATH, use_ema=False)`` loads the authors'
+            classification checkpoint or a converted one; anything else is mmengine's init.
+    """
+
+    def __init__(self, arch: Union[str, dict] = 't',
+                 attn_types: Sequence[str] = ('nala', 'nala', 'softmax', 'softmax'),
+                 kernel: str = 'cosine', alpha: float = 20.0, lam: float = 3.0,
+                 tau: float = 0.5, in_channels: int = 3,
+                 out_indices: Sequence[int] = (0, 1, 2, 3),
+                 drop_path_rate: Optional[float] = None, frozen_stages: int = -1,
+                 norm_eval: bool = False, with_cp: bool = False,
+                 norm_cfg: dict = dict(type='BN', requires_grad=True),
+                 init_cfg: Optional[dict] = None):
+        super().__init__(init_cfg=init_cfg)
+        settings = resolve_arch(arch)
+        attn_types = tuple(attn_types)
+        if len(attn_types) != NUM_STAGES:
+            raise ValueError(f'attn_types needs {NUM_STAGES} entries, got {attn_types}')
+        for attn_type in attn_types:
+            if attn_type not in ATTENTION_TYPES:
+                raise ValueError(f'unknown attention type {attn_type!r}; expected one of '
+                                 f'{tuple(ATTENTION_TYPES)}')
+        out_indices = tuple(out_indices)
+        if not out_indices or any(not 0 <= i < NUM_STAGES for i in out_indices):
+            raise ValueError(f'out_indices must be non-empty and within 0..{NUM_STAGES - 1}, got '
+                             f'{out_indices}')
+        if not -1 <= frozen_stages <= NUM_STAGES:
+            raise ValueError(f'frozen_stages must be in -1..{NUM_STAGES}, got {frozen_stages}')
+        if drop_path_rate is None:
+            drop_path_rate = settings['drop_path_rate']
+
+        self.arch_settings = settings
+        self.attn_types = attn_types
+        self.in_channels = in_channels
+        self.embed_dims = tuple(settings['embed_dims'])
+        self.out_indices = out_indices
+        self.frozen_stages = frozen_stages
+        self.norm_eval = norm_eval
+
+        self.patch_embed = PatchEmbed(in_channels, self.embed_dims[0], norm_cfg)
+        attn_kwargs = dict(kernel=kernel, alpha=alpha, lam=lam, tau=tau)
+        depths = settings['depths']
+        drop_rates = torch.linspace(0, drop_path_rate, sum(depths)).tolist()
+        self.layers = nn.ModuleList()
+        for i in range(NUM_STAGES):
+            first = sum(depths[:i])
+            blocks = nn.ModuleList(
+                NaLaBlock(self.embed_dims[i], settings['num_heads'][i], settings['mlp_ratios'][i],
+                          attn_types[i], attn_kwargs, settings['layer_scale_init_values'][i],
+                          drop_rates[first + j], with_cp)
+                for j in range(depths[i]))
+            downsample = Downsample(self.embed_dims[i], self.embed_dims[i + 1], norm_cfg) \
+                if i < NUM_STAGES - 1 else None
+            self.layers.append(NaLaStage(blocks, downsample))
+        # Per-output norms, named so they cannot collide with the authors' top-level ``norm.*``.
+        for i in out_indices:
+            self.add_module(f'out_norm{i}', LayerNorm2d(self.embed_dims[i]))
+        self._freeze_stages()
+
+    # ------------------------------------------------------------------ init and loading
+    def init_weights(self) -> None:
+        if self.init_cfg is not None and self.init_cfg.get('type') == 'Pretrained':
+            load_authors_checkpoint(self, self.init_cfg['checkpoint'],
+                                    use_ema=self.init_cfg.get('use_ema', False))
+            return
+        if self.init_cfg is not None:
+            super().init_weights()
+            return
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                trunc_normal_(module.weight, std=0.02)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.LayerNorm):
+                nn.init.ones_(module.weight)
+                nn.init.zeros_(module.bias)
+
+    # ------------------------------------------------------------------ training-mode control
+    def _freeze_stages(self) -> None:
+        if self.frozen_stages < 0:
+            return
+        frozen = [self.patch_embed] + [self.layers[i] for i in range(self.frozen_stages)]
+        frozen += [getattr(self, f'out_norm{i}') for i in range(self.frozen_stages)
+                   if i in self.out_indices]
+        for module in frozen:
+            module.eval()
+            for param in module.parameters():
+                param.requires_grad = False
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        self._freeze_stages()
+        if mode and self.norm_eval:
+            for module in self.modules():
+                if isinstance(module, _BatchNorm):
+                    module.eval()
+        return self
+
+    # ------------------------------------------------------------------ forward
+    def forward(self, x: Tensor) -> Tuple[Tensor, ...]:
+        if not isinstance(x, Tensor):
+            raise TypeError(f'NaLaFormer expects a Tensor (B, {self.in_channels}, H, W), got '
+                            f'{type(x).__name__}')
+        if x.dim() != 4 or x.shape[1] != self.in_channels:
+            raise ValueError(f'NaLaFormer expects input (B, {self.in_channels}, H, W), got '
+                             f'{tuple(x.shape)}')
+        x = self.patch_embed(x)
+        outs = []
+        for i, stage in enumerate(self.layers):
+            features, x = stage(x)
+            if i in self.out_indices:
+                outs.append(getattr(self, f'out_norm{i}')(features))
+        return tuple(outs)

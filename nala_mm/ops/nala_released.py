@@ -1,0 +1,43 @@
+"""NaLa in the released code's op sequence (``kernel='relu'``): for parity tests and benchmarks.
+
+It keeps the released structure on purpose (separate ReLU copies, per-token power, a concat per
+feature, k and v scaled by N^-1/2, four RoPE calls), which is what the fast path is measured
+against. Unlike the released code it maps a zero query to zero features instead of 0/0.
+"""
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .nala_reference import NORM_FLOOR
+from .rope2d import apply_rope_reference
+
+
+def nala_attention_released(q: Tensor, k: Tensor, v: Tensor, lam: float = 3.0, tau: float = 0.5,
+                            eps: float = 1e-6,
+                            rope: Optional[Tuple[Tensor, Tensor]] = None) -> Tensor:
+    n_tokens = k.shape[-2]
+    q_norm = q.norm(dim=-1, keepdim=True)
+    q_dir = q / q_norm.clamp_min(NORM_FLOOR)
+    power = lam * (tau + torch.tanh(q_norm))
+    q_pos = F.relu(q_dir) ** power
+    q_neg = F.relu(-q_dir) ** power
+    k = k ** 3
+    k_pos = F.relu(k)
+    k_neg = F.relu(-k)
+    q_feat = torch.cat([q_pos, q_neg], dim=-1)
+    k_feat = torch.cat([k_pos, k_neg], dim=-1)
+    scale = n_tokens ** -0.5
+    k_feat = k_feat * scale
+    v = v * scale
+    z = 1 / (q_feat @ k_feat.mean(dim=-2, keepdim=True).transpose(-2, -1) / scale + eps)
+    if rope is not None:
+        q_rot = torch.cat([apply_rope_reference(q_pos, *rope),
+                           apply_rope_reference(q_neg, *rope)], dim=-1)
+        k_rot = torch.cat([apply_rope_reference(k_pos * scale, *rope),
+                           apply_rope_reference(k_neg * scale, *rope)], dim=-1)
+    else:
+        q_rot, k_rot = q_feat, k_feat
+    kv = k_rot.transpose(-2, -1) @ v
+    return q_rot @ kv * z

@@ -1,0 +1,69 @@
+"""2D rotary position embedding on per-head features (spec §1.4).
+
+A head of width ``d`` holds ``d/2`` channel pairs ``(2i, 2i+1)``: the first ``d/4`` pairs rotate
+by ``row * f_i``, the last ``d/4`` by ``col * f_i``, with ``f_i = base^(-i / (d/4))``. A feature
+of width ``D = n * d`` (NaLa's 2d-wide features) is rotated one d-wide chunk at a time with the
+same table.
+"""
+from typing import Tuple
+
+import torch
+from torch import Tensor
+
+
+def rope_frequencies(head_dim: int, base: float = 10000.0) -> Tensor:
+    """The ``d/4`` frequencies of one axis (what the authors keep as ``RoPE.angle``)."""
+    if head_dim % 4 != 0:
+        raise ValueError(f'2D RoPE needs a head dim divisible by 4, got head_dim={head_dim}')
+    quarter = head_dim // 4
+    return 1.0 / (base ** (torch.arange(quarter, dtype=torch.float32) / quarter))
+
+
+def rope_angles(height: int, width: int, frequencies: Tensor) -> Tensor:
+    """Rotation angle of every (token, pair): ``(H*W, d/2)`` in row-major token order."""
+    rows = torch.arange(height, dtype=torch.float32, device=frequencies.device)
+    cols = torch.arange(width, dtype=torch.float32, device=frequencies.device)
+    row_angles = torch.outer(rows, frequencies)  # (H, d/4)
+    col_angles = torch.outer(cols, frequencies)  # (W, d/4)
+    angles = torch.cat([
+        row_angles[:, None, :].expand(height, width, -1),
+        col_angles[None, :, :].expand(height, width, -1),
+    ], dim=-1)
+    return angles.reshape(height * width, -1)
+
+
+def rope_table(height: int, width: int, head_dim: int, base: float = 10000.0,
+               device=None) -> Tuple[Tensor, Tensor]:
+    """``(cos, sin)`` tables, each ``(H*W, d/2)``, float32."""
+    angles = rope_angles(height, width, rope_frequencies(head_dim, base).to(device))
+    return angles.cos(), angles.sin()
+
+
+def apply_rope_reference(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate pairs of ``x`` (..., N, D), D a multiple of ``2 * cos.shape[-1]``; plain form."""
+    half_pairs = cos.shape[-1]
+    chunks = x.split(2 * half_pairs, dim=-1)
+    rotated = []
+    for chunk in chunks:
+        even, odd = chunk[..., 0::2], chunk[..., 1::2]
+        rot_even = even * cos - odd * sin
+        rot_odd = even * sin + odd * cos
+        rotated.append(torch.stack([rot_even, rot_odd], dim=-1).flatten(-2))
+    return torch.cat(rotated, dim=-1)
+
+
+def rope_phasor(cos: Tensor, sin: Tensor) -> Tensor:
+    """The table as unit complex numbers ``(N, 1, d/2)`` for :func:`apply_rope`."""
+    return torch.complex(cos, sin).unsqueeze(-2)
+
+
+def apply_rope(x: Tensor, phasor: Tensor, inverse: bool = False) -> Tensor:
+    """Fast rotation: one complex multiply over all d-wide chunks of ``x`` (float32).
+
+    ``inverse=True`` applies the transposed (inverse) rotation, used in the backward pass.
+    """
+    pairs = phasor.shape[-1]
+    shape = x.shape
+    as_complex = torch.view_as_complex(x.reshape(*shape[:-1], -1, pairs, 2).contiguous())
+    rotated = as_complex * (phasor.conj() if inverse else phasor)
+    return torch.view_as_real(rotated).reshape(shape)

@@ -1,0 +1,206 @@
+"""NaLa attention: fast path vs reference, the paper's properties, autocast, bad input."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from nala_mm.models.attention import NormAwareLinearAttention, SoftmaxAttention
+from nala_mm.ops import (NaLaConfig, apply_rope, apply_rope_reference, nala_attention,
+                         nala_attention_matrix, nala_attention_reference, rope_phasor, rope_table)
+from nala_mm.ops.nala_released import nala_attention_released
+
+
+def rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    return ((actual - expected).norm() / expected.norm().clamp_min(1e-30)).item()
+
+
+def qkv(shape, seed=0, dtype=torch.float32, scale=1.0):
+    gen = torch.Generator().manual_seed(seed)
+    return [(torch.randn(shape, generator=gen, dtype=dtype) * scale).requires_grad_()
+            for _ in range(3)]
+
+
+@pytest.mark.parametrize('kernel', ['cosine', 'relu'])
+@pytest.mark.parametrize('use_rope', [False, True])
+def test_fast_matches_reference_forward_and_gradients(kernel, use_rope):
+    height, width, head_dim = 5, 7, 8  # N = 35: odd
+    q, k, v = qkv((2, 3, height * width, head_dim))
+    with torch.no_grad():
+        q[0, 1, 4].zero_()  # a zero query exercises the 0/0 guard in both paths
+    cfg = NaLaConfig(kernel=kernel)
+    rope = rope_table(height, width, head_dim) if use_rope else None
+    expected = nala_attention_reference(q, k, v, cfg, rope)
+    actual = nala_attention(q, k, v, cfg, rope)
+    assert rel_err(actual, expected) <= 1e-5
+    grad_out = torch.randn_like(expected)
+    expected_grads = torch.autograd.grad(expected, (q, k, v), grad_out)
+    actual_grads = torch.autograd.grad(actual, (q, k, v), grad_out)
+    for name, a, e in zip('qkv', actual_grads, expected_grads):
+        assert torch.isfinite(a).all(), name
+        assert rel_err(a, e) <= 1e-5, name
+
+
+@pytest.mark.parametrize('kernel', ['cosine', 'relu'])
+def test_layer_fast_matches_reference_including_parameter_gradients(kernel):
+    torch.manual_seed(0)
+    fast = NormAwareLinearAttention(16, 2, kernel=kernel)
+    ref = NormAwareLinearAttention(16, 2, kernel=kernel, implementation='reference')
+    ref.load_state_dict(fast.state_dict())
+    x = torch.randn(2, 16, 5, 9)
+    out_fast, out_ref = fast(x), ref(x)
+    assert out_fast.shape == x.shape
+    assert rel_err(out_fast, out_ref) <= 1e-5
+    out_fast.square().sum().backward()
+    out_ref.square().sum().backward()
+    for (name, p_fast), p_ref in zip(fast.named_parameters(), ref.parameters()):
+        assert rel_err(p_fast.grad, p_ref.grad) <= 1e-5, name
+
+
+def test_released_op_sequence_matches_relu_kernel():
+    height, width, head_dim = 4, 6, 8
+    q, k, v = qkv((1, 2, height * width, head_dim), seed=3)
+    rope = rope_table(height, width, head_dim)
+    expected = nala_attention_released(q, k, v, rope=rope)
+    assert rel_err(nala_attention(q, k, v, NaLaConfig(kernel='relu'), rope), expected) <= 1e-5
+
+
+def test_fast_rope_matches_plain_rotation_and_inverts():
+    cos, sin = rope_table(3, 5, 8)
+    x = torch.randn(2, 15, 16)  # two d-wide halves, as NaLa's 2d-wide features
+    phasor = rope_phasor(cos, sin)
+    rotated = apply_rope(x, phasor)
+    assert rel_err(rotated, apply_rope_reference(x, cos, sin)) <= 1e-6
+    assert rel_err(apply_rope(rotated, phasor, inverse=True), x) <= 1e-6
+    # a rotation: norms per token unchanged, token 0 (angle 0) untouched
+    assert torch.allclose(rotated.norm(dim=-1), x.norm(dim=-1), rtol=1e-5)
+    assert torch.allclose(rotated[:, 0], x[:, 0])
+
+
+def test_rope_scores_depend_on_relative_position_only():
+    """Row/column shifts of both tokens leave q.k unchanged: the point of RoPE."""
+    height, width, head_dim = 6, 6, 8
+    cos, sin = rope_table(height, width, head_dim)
+    q, k = torch.randn(head_dim), torch.randn(head_dim)
+
+    def score(pos_q, pos_k):
+        iq, ik = pos_q[0] * width + pos_q[1], pos_k[0] * width + pos_k[1]
+        rq = apply_rope_reference(q[None], cos[iq:iq + 1], sin[iq:iq + 1])
+        rk = apply_rope_reference(k[None], cos[ik:ik + 1], sin[ik:ik + 1])
+        return (rq * rk).sum().item()
+
+    assert score((1, 2), (3, 1)) == pytest.approx(score((2, 4), (4, 3)), rel=1e-4)
+    assert score((1, 2), (3, 1)) != pytest.approx(score((1, 2), (1, 3)), rel=1e-3)
+
+
+@pytest.mark.parametrize('kernel', ['cosine', 'relu'])
+def test_implied_attention_is_a_distribution_without_rope(kernel):
+    q, k, _ = qkv((2, 2, 40, 8), seed=1, dtype=torch.float64)
+    attn = nala_attention_matrix(q, k * 2, NaLaConfig(kernel=kernel))
+    assert attn.min().item() >= 0
+    assert (attn.sum(-1) - 1).abs().max().item() <= 1e-5
+    # the linear form computes exactly this matrix times v
+    v = torch.randn(2, 2, 40, 8, dtype=torch.float64)
+    out = nala_attention_reference(q, k * 2, v, NaLaConfig(kernel=kernel))
+    assert rel_err(out, attn @ v) <= 1e-10
+
+
+def _row_entropy(q, k, cfg=None):
+    if cfg is None:  # plain ReLU linear attention: the norm of q cancels
+        scores = F.relu(q) @ F.relu(k).transpose(-1, -2)
+        row = scores / scores.sum(-1, keepdim=True)
+    else:
+        row = nala_attention_matrix(q, k, cfg)
+    row = row.flatten()
+    return -(row * row.clamp_min(1e-300).log()).sum().item()
+
+
+@pytest.mark.parametrize('kernel', ['cosine', 'relu'])
+def test_entropy_falls_as_query_norm_grows(kernel):
+    gen = torch.Generator().manual_seed(0)
+    keys = torch.randn(1, 1, 64, 16, generator=gen, dtype=torch.float64)
+    direction = torch.randn(16, generator=gen, dtype=torch.float64)
+    direction = direction / direction.norm()
+    norms = torch.linspace(0.1, 2.0, 12)
+    nala = [_row_entropy((direction * r).view(1, 1, 1, -1), keys, NaLaConfig(kernel=kernel))
+            for r in norms]
+    plain = [_row_entropy((direction * r).view(1, 1, 1, -1), keys) for r in norms]
+    assert all(a > b for a, b in zip(nala, nala[1:])), nala
+    assert nala[0] - nala[-1] > 0.2  # a real effect, not rounding
+    assert max(plain) - min(plain) < 1e-9  # plain linear attention cannot see the norm
+
+
+@pytest.mark.parametrize('use_rope', [False, True])
+def test_cosine_kernel_tends_to_relu_kernel(use_rope):
+    q, k, v = qkv((2, 2, 30, 8), seed=2, dtype=torch.float64)
+    rope = tuple(t.double() for t in rope_table(5, 6, 8)) if use_rope else None
+    relu = nala_attention_reference(q, k, v, NaLaConfig(kernel='relu'), rope)
+    sharp = nala_attention_reference(q, k, v, NaLaConfig(kernel='cosine', alpha=1e3), rope)
+    soft = nala_attention_reference(q, k, v, NaLaConfig(kernel='cosine', alpha=20.0), rope)
+    assert rel_err(sharp, relu) < 1e-6
+    assert 1e-5 < rel_err(soft, relu) < 5e-3  # alpha = 20 differs, but only slightly
+
+
+@pytest.mark.parametrize('kernel', ['cosine', 'relu'])
+def test_zero_query_gives_finite_output_and_gradient(kernel):
+    q, k, v = qkv((1, 1, 12, 8), seed=4)
+    q = q.detach().clone()
+    q[0, 0, 5] = 0
+    q.requires_grad_()
+    cfg = NaLaConfig(kernel=kernel)
+    out = nala_attention(q, k, v, cfg, rope_table(3, 4, 8))
+    assert torch.isfinite(out).all()
+    assert out[0, 0, 5].abs().max().item() == 0  # no direction -> no features -> zero output
+    out.sum().backward()
+    assert torch.isfinite(q.grad).all()
+
+
+@pytest.mark.parametrize('cls', [NormAwareLinearAttention, SoftmaxAttention])
+def test_bf16_autocast_is_finite_and_close_to_fp32(cls):
+    torch.manual_seed(0)
+    layer = cls(32, 2).eval()
+    # 40 is large enough that k^3 (~6e4 per component, ~1e10 in the key mean's dot product)
+    # overflows fp16 and loses bf16 precision: the math must run in float32.
+    with torch.no_grad():
+        layer.qkvg.weight.mul_(40 if cls is NormAwareLinearAttention else 1)
+    x = torch.randn(1, 32, 8, 12)
+    with torch.no_grad():
+        expected = layer(x)
+        with torch.autocast('cpu', dtype=torch.bfloat16):
+            actual = layer(x)
+    assert actual.dtype == torch.bfloat16
+    assert torch.isfinite(actual).all()
+    assert rel_err(actual.float(), expected) <= 1e-2
+
+
+def test_softmax_attention_matches_explicit_softmax():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 20, 8) for _ in range(3))
+    layer = SoftmaxAttention(16, 2, use_rope=False)
+    expected = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(8), dim=-1) @ v
+    assert rel_err(layer._mix(q, k, v, None), expected) <= 1e-5
+
+
+@pytest.mark.parametrize('kwargs, match', [
+    (dict(embed_dims=24, num_heads=4), 'head_dim=6'),
+    (dict(embed_dims=30, num_heads=4), 'embed_dims=30, num_heads=4'),
+    (dict(embed_dims=32, num_heads=2, kernel='softplus'), "'softplus'"),
+    (dict(embed_dims=32, num_heads=2, alpha=0.0), 'alpha=0.0'),
+    (dict(embed_dims=32, num_heads=2, lam=-1.0), 'lam=-1.0'),
+    (dict(embed_dims=32, num_heads=2, implementation='cuda'), "'cuda'"),
+])
+def test_bad_arguments_name_the_value(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        NormAwareLinearAttention(**kwargs)
+
+
+def test_layers_build_from_registries():
+    from mmengine.registry import MODELS as ENGINE_MODELS
+    from mmdet.registry import MODELS as DET_MODELS
+    from mmseg.registry import MODELS as SEG_MODELS
+    for registry in (ENGINE_MODELS, SEG_MODELS, DET_MODELS):
+        layer = registry.build(dict(type='NormAwareLinearAttention', embed_dims=16, num_heads=1,
+                                    kernel='relu'))
+        assert isinstance(layer, NormAwareLinearAttention) and layer.cfg.kernel == 'relu'
+        assert isinstance(registry.build(dict(type='SoftmaxAttention', embed_dims=16,
+                                              num_heads=1)), SoftmaxAttention)

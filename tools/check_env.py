@@ -1,0 +1,52 @@
+"""Prove the environment is usable: versions, and mmcv's compiled ops really run.
+
+Exit code 0 when all is well; otherwise a message that says what is wrong and how to fix it.
+"""
+import sys
+
+
+def fail(message: str) -> None:
+    print(f'[check_env] ERROR: {message}', file=sys.stderr)
+    sys.exit(1)
+
+
+def main() -> None:
+    try:
+        import torch
+        import mmcv
+    except ImportError as err:
+        fail(f'{err}. Run `make setup` (or tools/setup_env.sh).')
+    if mmcv.__version__ != '2.1.0':
+        fail(f'mmcv {mmcv.__version__} is installed; mmseg 1.2.2 and mmdet 3.3.0 need mmcv 2.1.0. '
+             'Run `make setup` after `pip uninstall mmcv`.')
+    try:
+        from mmcv.ops import RoIAlign, nms
+    except (ImportError, OSError) as err:
+        fail(f'mmcv has no compiled ops ({err}). It was built without MMCV_WITH_OPS=1: run '
+             '`pip uninstall -y mmcv && pip cache remove mmcv` then `make setup`.')
+    boxes = torch.tensor([[0., 0., 10., 10.], [1., 1., 10., 10.], [20., 20., 30., 30.]])
+    scores = torch.tensor([0.9, 0.8, 0.7])
+    _, keep = nms(boxes, scores, iou_threshold=0.5)
+    if keep.tolist() != [0, 2]:
+        fail(f'mmcv.ops.nms returned {keep.tolist()} for a known case (expected [0, 2])')
+    feats = torch.arange(16.).reshape(1, 1, 4, 4)
+    rois = torch.tensor([[0., 0., 0., 3., 3.]])
+    pooled = RoIAlign((2, 2), spatial_scale=1.0, sampling_ratio=2, aligned=False)(feats, rois)
+    if pooled.shape != (1, 1, 2, 2) or not torch.isfinite(pooled).all():
+        fail(f'mmcv.ops.RoIAlign gave {tuple(pooled.shape)}')
+    try:
+        import pkg_resources  # noqa: F401  (mmseg:: / mmdet:: config inheritance needs it)
+    except ImportError:
+        fail('setuptools >= 82 has no pkg_resources, which `mmseg::` base configs need: '
+             'pip install "setuptools>=77,<82"')
+    import mmdet
+    import mmengine
+    import mmseg
+    import nala_mm  # noqa: F401  (registers the modules, installs the checkpoint allow-list)
+    print(f'[check_env] ok: torch {torch.__version__}, mmcv {mmcv.__version__} (ops: nms, '
+          f'RoIAlign), mmengine {mmengine.__version__}, mmseg {mmseg.__version__}, '
+          f'mmdet {mmdet.__version__}')
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# One-command environment for nala-mm: a .venv with the pinned OpenMMLab stack and an mmcv
+# that really has its compiled ops. Idempotent: a second run only verifies.
+#
+#   NALA_TORCH   pip requirement(s) for torch (default "torch==2.13.0", the CPU build here).
+#                GPU users: NALA_TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu126"
+#   NALA_VENV    where the environment lives (default .venv)
+#   PYTHON       interpreter used to create it (default python3)
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+VENV=${NALA_VENV:-.venv}
+TORCH_SPEC=${NALA_TORCH:-torch==2.13.0}
+PY=${PYTHON:-python3}
+STAMP="$VENV/.nala-setup-done"
+# The stamp records what was installed; a changed spec or setup.py triggers a refresh.
+WANT="torch=[$TORCH_SPEC] setup=$(sha1sum setup.py tools/setup_env.sh | sha1sum | cut -c1-12)"
+
+log() { printf '[setup] %s\n' "$*"; }
+
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ]; then
+  "$VENV/bin/python" tools/check_env.py && exit 0
+  log "environment at $VENV failed its check; reinstalling"
+fi
+
+if [ ! -x "$VENV/bin/python" ]; then
+  log "creating $VENV with $($PY --version)"
+  "$PY" -m venv "$VENV"
+fi
+PIP="$VENV/bin/python -m pip"
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+
+log "installing torch ($TORCH_SPEC) and build tools"
+# shellcheck disable=SC2086
+$PIP install -q $TORCH_SPEC
+# setuptools >= 82 drops pkg_resources: both the mmcv build and mmseg:: config inheritance need it.
+$PIP install -q "setuptools>=77,<82" wheel ninja "numpy<2.3"
+
+have_mmcv_ops() { "$VENV/bin/python" -c "import mmcv, mmcv.ops; assert mmcv.__version__ == '2.1.0'" 2>/dev/null; }
+if ! have_mmcv_ops; then
+  log "building mmcv 2.1.0 with compiled ops (about 20 minutes on 2 cores, once per machine;"
+  log "pip caches the wheel afterwards). Build log: $VENV/mmcv-build.log"
+  "$VENV/bin/python" -m pip uninstall -y -q mmcv mmcv-lite >/dev/null 2>&1 || true
+  # Plain `pip install mmcv` silently builds without ops; MMCV_WITH_OPS=1 forces them.
+  # --no-build-isolation builds against the torch installed above (the ops link to it).
+  ( MMCV_WITH_OPS=1 MAX_JOBS=${MAX_JOBS:-2} $PIP install -v --no-build-isolation mmcv==2.1.0 \
+      >"$VENV/mmcv-build.log" 2>&1; echo $? >"$VENV/mmcv-build.rc" ) &
+  build=$!
+  start=$(date +%s)
+  while kill -0 "$build" 2>/dev/null; do
+    sleep 30
+    n=$(grep -c -E '\[[0-9]+/[0-9]+\]|Building|building' "$VENV/mmcv-build.log" 2>/dev/null || true)
+    step=$(grep -o -E '\[[0-9]+/[0-9]+\]' "$VENV/mmcv-build.log" 2>/dev/null | tail -n 1 || true)
+    log "mmcv build running for $(( ($(date +%s) - start) / 60 )) min ${step:+(compiling $step)}"
+  done
+  wait "$build" || true
+  if [ "$(cat "$VENV/mmcv-build.rc")" != 0 ]; then
+    tail -n 30 "$VENV/mmcv-build.log"
+    log "ERROR: the mmcv build failed (see $VENV/mmcv-build.log). Needs gcc/g++ and the Python headers;"
+    log "       on a GPU machine also FORCE_CUDA=1 and a CUDA toolkit matching torch."
+    exit 1
+  fi
+fi
+
+log "installing mmengine, mmsegmentation, mmdet and test tools"
+$PIP install -q "mmengine==0.10.7" "mmsegmentation==1.2.2" "mmdet==3.3.0" einops ftfy regex \
+  pycocotools pytest hypothesis matplotlib tqdm
+# openmim (for `mim train mmseg ...`) pulls openxlab, which pins setuptools 60; its runtime
+# needs are listed explicitly instead.
+$PIP install -q --no-deps openmim
+$PIP install -q click colorama model-index tabulate pandas requests rich
+# Re-pin last: some dependency resolutions above move setuptools.
+$PIP install -q "setuptools>=77,<82"
+$PIP install -q --no-build-isolation --no-deps -e .
+
+"$VENV/bin/python" tools/check_env.py
+echo "$WANT" >"$STAMP"
+log "done: activate with 'source $VENV/bin/activate'"
