@@ -1,0 +1,123 @@
+"""Foundation: Runner checkpoints resume under weights-only loading; configs find nala_mm."""
+import os
+import pickle
+
+import pytest
+import torch
+from mmengine.config import Config
+from mmengine.model import BaseModel
+from mmengine.registry import MODELS, DefaultScope
+from mmengine.runner import Runner
+from mmengine.runner.checkpoint import CheckpointLoader
+from torch import nn
+from torch.utils.data import Dataset
+
+import nala_mm
+from nala_mm.checkpoint_safety import CheckpointRefusedError
+
+
+class LinearRegressor(BaseModel):
+    """Fits y = x1 + x2; enough for the Runner to log, checkpoint and schedule."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(2, 1)
+
+    def forward(self, x, y, mode='loss'):
+        return dict(loss=((self.fc(torch.stack(x)) - torch.stack(y)) ** 2).mean())
+
+
+class SumDataset(Dataset):
+
+    def __len__(self):
+        return 32
+
+    def __getitem__(self, index):
+        x = torch.randn(2, generator=torch.Generator().manual_seed(index))
+        return dict(x=x, y=x.sum(0, keepdim=True))
+
+
+def make_runner(work_dir, max_iters, resume=False):
+    torch.manual_seed(0)  # the model is built before the Runner seeds anything
+    return Runner(
+        model=LinearRegressor(), work_dir=str(work_dir),
+        train_dataloader=dict(dataset=SumDataset(), batch_size=4, collate_fn=dict(type='pseudo_collate'),
+                              sampler=dict(type='InfiniteSampler', shuffle=True)),
+        optim_wrapper=dict(optimizer=dict(type='AdamW', lr=0.05)),
+        param_scheduler=[dict(type='LinearLR', start_factor=0.1, by_epoch=False, begin=0, end=5),
+                         dict(type='PolyLR', by_epoch=False, begin=5, end=40, eta_min=0)],
+        train_cfg=dict(by_epoch=False, max_iters=max_iters),
+        default_hooks=dict(checkpoint=dict(type='CheckpointHook', interval=5, by_epoch=False),
+                           logger=dict(type='LoggerHook', interval=1)),
+        randomness=dict(seed=0), resume=resume, experiment_name=f'run{max_iters}{resume}')
+
+
+def test_runner_checkpoint_resumes_under_weights_only_loading(tmp_path):
+    first = make_runner(tmp_path, max_iters=10)
+    first.train()
+    weights_at_10 = first.model.fc.weight.detach().clone()
+    # the file holds a message hub with HistoryBuffers, yet needs no unsafe global
+    assert torch.serialization.get_unsafe_globals_in_checkpoint(
+        str(tmp_path / 'iter_10.pth')) == []  # all allow-listed
+    loaded = CheckpointLoader.load_checkpoint(str(tmp_path / 'iter_10.pth'))
+    assert loaded['meta']['iter'] == 10
+    assert loaded['message_hub']['log_scalars']['train/loss'].current() > 0
+
+    second = make_runner(tmp_path, max_iters=20, resume=True)
+    second.train()
+    log = open(second.log_dir + f'/{second.timestamp}.log').read()
+    assert 'resumed epoch: 0, iter: 10' in log
+    assert second.iter == 20
+    assert not torch.equal(second.model.fc.weight, weights_at_10)  # it kept training
+    assert os.path.isfile(tmp_path / 'iter_20.pth')
+    # and it continued exactly where it stopped: same weights as 20 uninterrupted iterations
+    straight = make_runner(tmp_path / 'straight', max_iters=20)
+    straight.train()
+    assert torch.allclose(second.model.fc.weight, straight.model.fc.weight, rtol=0, atol=1e-7)
+    assert second.optim_wrapper.get_lr()['lr'][0] == \
+        pytest.approx(straight.optim_wrapper.get_lr()['lr'][0])
+
+
+class _Exploit:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f'touch {self.marker}',))
+
+
+def test_checkpoint_with_arbitrary_object_is_refused(tmp_path):
+    marker = tmp_path / 'pwned'
+    path = tmp_path / 'evil.pth'
+    torch.save({'state_dict': {'w': torch.zeros(2)}, 'meta': _Exploit(marker)}, path)
+    with pytest.raises(CheckpointRefusedError, match=r'refusing to load checkpoint .*evil\.pth'):
+        CheckpointLoader.load_checkpoint(str(path))
+    assert not marker.exists()
+    assert isinstance(CheckpointRefusedError('x'), pickle.UnpicklingError)
+
+
+@pytest.mark.parametrize('content', [b'', b'not a checkpoint at all', None])
+def test_truncated_or_foreign_file_names_the_file(tmp_path, content):
+    path = tmp_path / 'broken.pth'
+    if content is None:  # a real checkpoint cut in half, as a crash during saving leaves it
+        torch.save({'state_dict': {'w': torch.randn(1000)}}, path)
+        content = path.read_bytes()[:2000]
+    path.write_bytes(content)
+    with pytest.raises(ValueError, match=r'broken\.pth'):
+        CheckpointLoader.load_checkpoint(str(path))
+    with pytest.raises(FileNotFoundError, match='missing.pth'):
+        CheckpointLoader.load_checkpoint(str(tmp_path / 'missing.pth'))
+
+
+@pytest.mark.parametrize('scope', ['mmseg', 'mmdet'])
+def test_config_with_custom_imports_builds_nalaformer(tmp_path, scope):
+    cfg_file = tmp_path / f'{scope}_cfg.py'
+    cfg_file.write_text(
+        "custom_imports = dict(imports=['nala_mm'], allow_failed_imports=False)\n"
+        f"default_scope = '{scope}'\n"
+        "model = dict(type='NaLaFormer', arch='xt', attn_types=('nala',) * 4, kernel='relu')\n")
+    cfg = Config.fromfile(str(cfg_file))
+    with DefaultScope.overwrite_default_scope(cfg.default_scope):
+        model = MODELS.build(cfg.model)
+    assert isinstance(model, nala_mm.NaLaFormer)
+    assert model.layers[3].blocks[0].attn.cfg.kernel == 'relu'
