@@ -9,7 +9,7 @@ from .version import __version__
 
 install_checkpoint_allowlist()
 
-from . import datasets, models  # noqa: E402,F401  (registration side effects)
+from . import datasets, models, runtime  # noqa: E402,F401  (registration side effects)
 from .models import NaLaFormer, NormAwareLinearAttention, SoftmaxAttention  # noqa: E402
 
 __all__ = ['__version__', 'NaLaFormer', 'NormAwareLinearAttention', 'SoftmaxAttention']

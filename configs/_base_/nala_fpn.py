@@ -1,0 +1,32 @@
+# Semantic FPN + NaLaFormer-T on ADE20K, 512x512, 80k iterations, 4 GPUs x 4 images (spec §4).
+_base_ = [
+    'mmseg::_base_/models/fpn_r50.py', 'mmseg::_base_/datasets/ade20k.py',
+    'mmseg::_base_/default_runtime.py', 'mmseg::_base_/schedules/schedule_80k.py',
+    './nala_no_decay.py'
+]
+custom_imports = dict(imports=['nala_mm'], allow_failed_imports=False)
+
+crop_size = (512, 512)
+data_preprocessor = dict(size=crop_size)
+model = dict(
+    data_preprocessor=data_preprocessor,
+    pretrained=None,
+    backbone=dict(
+        _delete_=True,
+        type='NaLaFormer',
+        arch='t',
+        attn_types=('nala', 'nala', 'softmax', 'softmax'),
+        kernel='cosine',
+        out_indices=(0, 1, 2, 3),
+        norm_cfg=dict(type='SyncBN', requires_grad=True),
+        init_cfg=None),
+    neck=dict(in_channels=[64, 128, 256, 512], out_channels=256, num_outs=4),
+    decode_head=dict(num_classes=150))
+
+optim_wrapper = dict(
+    _delete_=True,
+    type='OptimWrapper',
+    optimizer=dict(type='AdamW', lr=1e-4, weight_decay=1e-4),
+    paramwise_cfg={{_base_.nala_no_decay}})
+param_scheduler = [dict(type='PolyLR', power=0.9, eta_min=0.0, begin=0, end=80000, by_epoch=False)]
+train_dataloader = dict(batch_size=4)

@@ -1,0 +1,37 @@
+# Mask R-CNN + NaLaFormer-T on COCO, 1x (12 epochs), 8 GPUs x 2 images (spec §4).
+_base_ = [
+    'mmdet::_base_/models/mask-rcnn_r50_fpn.py', 'mmdet::_base_/datasets/coco_instance.py',
+    'mmdet::_base_/schedules/schedule_1x.py', 'mmdet::_base_/default_runtime.py',
+    './nala_no_decay.py'
+]
+custom_imports = dict(imports=['nala_mm'], allow_failed_imports=False)
+
+model = dict(
+    backbone=dict(
+        _delete_=True,
+        type='NaLaFormer',
+        arch='t',
+        attn_types=('nala', 'nala', 'softmax', 'softmax'),
+        kernel='cosine',
+        out_indices=(0, 1, 2, 3),
+        # Detection trains with 2 images per GPU: BN statistics that small are noise, so the
+        # stem/downsample BNs keep their ImageNet statistics, and the conv stem stays frozen
+        # (as mmdet does for ResNet's stem).
+        frozen_stages=0,
+        norm_eval=True,
+        init_cfg=None),
+    neck=dict(in_channels=[64, 128, 256, 512]))
+
+max_epochs = 12
+train_cfg = dict(max_epochs=max_epochs)
+param_scheduler = [
+    dict(type='LinearLR', start_factor=0.001, by_epoch=False, begin=0, end=1000),
+    dict(type='MultiStepLR', begin=0, end=max_epochs, by_epoch=True, milestones=[8, 11],
+         gamma=0.1),
+]
+optim_wrapper = dict(
+    type='OptimWrapper',
+    optimizer=dict(_delete_=True, type='AdamW', lr=1e-4, betas=(0.9, 0.999), weight_decay=0.05),
+    paramwise_cfg={{_base_.nala_no_decay}})
+train_dataloader = dict(batch_size=2)  # x 8 GPUs = 16 images per iteration
+auto_scale_lr = dict(enable=False, base_batch_size=16)

@@ -1,0 +1,38 @@
+# UperNet + NaLaFormer-T on ADE20K, 512x512, 160k iterations, 8 GPUs x 2 images (spec §4).
+# Shared by every ade20k_nala*_upernet config: only the variant-specific widths differ there.
+_base_ = [
+    'mmseg::_base_/models/upernet_swin.py', 'mmseg::_base_/datasets/ade20k.py',
+    'mmseg::_base_/default_runtime.py', 'mmseg::_base_/schedules/schedule_160k.py',
+    './nala_no_decay.py'
+]
+custom_imports = dict(imports=['nala_mm'], allow_failed_imports=False)
+
+crop_size = (512, 512)
+data_preprocessor = dict(size=crop_size)
+model = dict(
+    data_preprocessor=data_preprocessor,
+    backbone=dict(
+        _delete_=True,
+        type='NaLaFormer',
+        arch='t',
+        attn_types=('nala', 'nala', 'softmax', 'softmax'),
+        kernel='cosine',
+        out_indices=(0, 1, 2, 3),
+        norm_cfg=dict(type='SyncBN', requires_grad=True),
+        init_cfg=None),
+    decode_head=dict(in_channels=[64, 128, 256, 512], channels=512, num_classes=150),
+    auxiliary_head=dict(in_channels=256, in_index=2, num_classes=150))
+
+optim_wrapper = dict(
+    _delete_=True,
+    type='OptimWrapper',
+    optimizer=dict(type='AdamW', lr=6e-5, betas=(0.9, 0.999), weight_decay=0.01),
+    paramwise_cfg={{_base_.nala_no_decay}})
+param_scheduler = [
+    dict(type='LinearLR', start_factor=1e-6, by_epoch=False, begin=0, end=1500),
+    dict(type='PolyLR', eta_min=0.0, power=1.0, begin=1500, end=160000, by_epoch=False),
+]
+# 8 GPUs x 2 images = 16 images per iteration
+train_dataloader = dict(batch_size=2)
+val_dataloader = dict(batch_size=1)
+test_dataloader = val_dataloader

@@ -1,0 +1,3 @@
+# NaLaFormer-L + Semantic FPN, ADE20K 512x512, 80k.
+_base_ = ['./_base_/nala_fpn.py']
+model = dict(backbone=dict(arch='l'), neck=dict(in_channels=[96, 192, 448, 640]))

@@ -1,0 +1,33 @@
+# NaLaFormer-T + RetinaNet, COCO 1x: 12 epochs, AdamW 1e-4, steps at 8 and 11.
+_base_ = [
+    'mmdet::_base_/models/retinanet_r50_fpn.py', 'mmdet::_base_/datasets/coco_detection.py',
+    'mmdet::_base_/schedules/schedule_1x.py', 'mmdet::_base_/default_runtime.py',
+    './_base_/nala_no_decay.py'
+]
+custom_imports = dict(imports=['nala_mm'], allow_failed_imports=False)
+
+model = dict(
+    backbone=dict(
+        _delete_=True,
+        type='NaLaFormer',
+        arch='t',
+        attn_types=('nala', 'nala', 'softmax', 'softmax'),
+        kernel='cosine',
+        # only the stages the FPN reads, so no parameter goes unused
+        out_indices=(1, 2, 3),
+        frozen_stages=0,
+        norm_eval=True,
+        init_cfg=None),
+    neck=dict(in_channels=[128, 256, 512], start_level=0, num_outs=5))
+
+max_epochs = 12
+train_cfg = dict(max_epochs=max_epochs)
+param_scheduler = [
+    dict(type='LinearLR', start_factor=0.001, by_epoch=False, begin=0, end=1000),
+    dict(type='MultiStepLR', begin=0, end=max_epochs, by_epoch=True, milestones=[8, 11],
+         gamma=0.1),
+]
+optim_wrapper = dict(
+    optimizer=dict(_delete_=True, type='AdamW', lr=1e-4, betas=(0.9, 0.999), weight_decay=0.05),
+    paramwise_cfg={{_base_.nala_no_decay}})
+train_dataloader = dict(batch_size=2)

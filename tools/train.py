@@ -1,0 +1,55 @@
+"""Train any mmseg or mmdet config with mmengine's Runner (the upstream tools' CLI).
+
+    python tools/train.py configs/ade20k_nala_upernet.py [--work-dir DIR] [--amp] [--resume [CKPT]]
+    torchrun --nproc_per_node=2 tools/train.py CONFIG --launcher pytorch
+"""
+import argparse
+import os
+
+from mmengine.config import Config, DictAction
+from mmengine.registry import RUNNERS
+from mmengine.runner import Runner
+
+from nala_mm.runtime import enable_amp, load_config
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description='Train a segmentor or detector')
+    parser.add_argument('config', help='train config file path')
+    parser.add_argument('--work-dir', help='the dir to save logs and models')
+    parser.add_argument('--resume', nargs='?', type=str, const='auto',
+                        help='resume from CKPT, or from the latest checkpoint in the work dir '
+                             'when no path is given')
+    parser.add_argument('--amp', action='store_true',
+                        help='automatic mixed precision (fp16 + loss scaling on GPU, bf16 on CPU)')
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
+                        help='override config settings, e.g. train_cfg.max_iters=100')
+    parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
+                        default='none', help='job launcher')
+    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
+    args = parser.parse_args()
+    os.environ.setdefault('LOCAL_RANK', str(args.local_rank))
+    return args
+
+
+def build_config(args: argparse.Namespace) -> Config:
+    cfg = load_config(args.config, args.launcher, args.cfg_options, args.work_dir)
+    if args.amp:
+        enable_amp(cfg)
+    if args.resume == 'auto':
+        cfg.resume = True
+        cfg.load_from = None
+    elif args.resume is not None:
+        cfg.resume = True
+        cfg.load_from = args.resume
+    return cfg
+
+
+def main() -> None:
+    cfg = build_config(parse_args())
+    runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
+    runner.train()
+
+
+if __name__ == '__main__':
+    main()
