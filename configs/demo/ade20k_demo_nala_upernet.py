@@ -42,7 +42,7 @@ val_dataloader = dict(
     dataset=dict(data_root=data_root, metainfo=metainfo, pipeline=test_pipeline))
 test_dataloader = val_dataloader
 
-max_iters = 2500
+max_iters = 2000
 optim_wrapper = dict(optimizer=dict(lr=2e-3, weight_decay=0.01))
 param_scheduler = [
     dict(type='LinearLR', start_factor=1e-3, by_epoch=False, begin=0, end=100),
