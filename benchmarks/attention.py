@@ -15,16 +15,15 @@ import argparse
 import json
 import os
 import os.path as osp
-import subprocess
 import sys
-import time
-from statistics import median
 
 import torch
 import torch.nn.functional as F
 
-from nala_mm.ops import NaLaConfig, apply_rope, nala_attention, rope_phasor, rope_table
-from nala_mm.ops.nala_released import nala_attention_released
+sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
+from common import median_ms, peak_memory_mib, spawn  # noqa: E402
+from nala_mm.ops import NaLaConfig, apply_rope, nala_attention, rope_phasor, rope_table  # noqa: E402
+from nala_mm.ops.nala_released import nala_attention_released  # noqa: E402
 
 RESULTS = osp.join(osp.dirname(osp.abspath(__file__)), 'results')
 IMPLEMENTATIONS = {
@@ -59,14 +58,6 @@ def attention_fn(name: str, height: int, width: int, device: str):
     return explicit
 
 
-def _rss_kib(field: str) -> int:
-    with open('/proc/self/status') as f:
-        for line in f:
-            if line.startswith(field):
-                return int(line.split()[1])
-    raise RuntimeError(f'{field} not in /proc/self/status')
-
-
 def run_case(name: str, side: int, mode: str, measure: str, repeats: int, device: str) -> dict:
     torch.manual_seed(0)
     n_tokens = side * side
@@ -86,35 +77,8 @@ def run_case(name: str, side: int, mode: str, measure: str, repeats: int, device
             torch.cuda.synchronize()
 
     if measure == 'memory':
-        if device == 'cuda':
-            torch.cuda.reset_peak_memory_stats()
-            base = torch.cuda.memory_allocated()
-            step()
-            return dict(peak_mib=(torch.cuda.max_memory_allocated() - base) / 2 ** 20)
-        with open('/proc/self/clear_refs', 'w') as f:
-            f.write('5')  # resets VmHWM to the current RSS
-        base = _rss_kib('VmRSS')
-        step()
-        return dict(peak_mib=(_rss_kib('VmHWM') - base) / 1024)
-    step()  # warm-up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    return dict(median_ms=median(times) * 1e3, repeats=repeats)
-
-
-def spawn(name: str, side: int, mode: str, measure: str, repeats: int, device: str) -> dict:
-    env = dict(os.environ)
-    if measure == 'memory':
-        env['MALLOC_MMAP_THRESHOLD_'] = '65536'  # large frees go back to the OS at once
-    cmd = [sys.executable, __file__, '--case', name, str(side), mode, measure, str(repeats),
-           device]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
-    if proc.returncode != 0:
-        return dict(error=proc.stderr.strip().splitlines()[-1] if proc.stderr else 'failed')
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+        return dict(peak_mib=peak_memory_mib(step, device))
+    return dict(median_ms=median_ms(step, repeats, device), repeats=repeats)
 
 
 def write_markdown(rows: list, ratios: dict, device_name: str, path: str) -> None:
@@ -196,8 +160,9 @@ def main() -> None:
             rows.append(row)
             continue
         for mode in ('fwd', 'fwd_bwd'):
-            timing = spawn(impl, side, mode, 'time', args.repeats, args.device)
-            memory = spawn(impl, side, mode, 'memory', 1, args.device)
+            case = [impl, str(side), mode]
+            timing = spawn(__file__, case + ['time', str(args.repeats), args.device], memory=False)
+            memory = spawn(__file__, case + ['memory', '1', args.device], memory=True)
             row[f'{mode}_ms'] = timing.get('median_ms')
             row[f'{mode}_mib'] = memory.get('peak_mib')
             for result in (timing, memory):

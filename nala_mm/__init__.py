@@ -4,12 +4,12 @@
 attention layers and the datasets, and makes checkpoints of the Runner load under torch's
 weights-only unpickling (see :mod:`nala_mm.checkpoint_safety`).
 """
-from .checkpoint_safety import install_checkpoint_allowlist
+from .checkpoint_safety import install_checkpoint_safety
 from .version import __version__
 
-install_checkpoint_allowlist()
+install_checkpoint_safety()
 
-from . import datasets, models, runtime  # noqa: E402,F401  (registration side effects)
+from . import datasets, hooks, models, runtime  # noqa: E402,F401  (registration side effects)
 from .models import NaLaFormer, NormAwareLinearAttention, SoftmaxAttention  # noqa: E402
 
 __all__ = ['__version__', 'NaLaFormer', 'NormAwareLinearAttention', 'SoftmaxAttention']

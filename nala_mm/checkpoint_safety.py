@@ -10,8 +10,12 @@ weights-only loading off, this module:
   table, which pickles functions through ``builtins.getattr``; allow-listing ``getattr`` would
   reopen arbitrary code execution, so that table is simply not saved (it is class-level anyway);
 * routes local checkpoint files through a loader that names the file and says why when a load
-  is refused (foreign pickled object) or impossible (truncated / not a checkpoint).
+  is refused (foreign pickled object) or impossible (truncated / not a checkpoint);
+* writes local files atomically (temporary file, fsync, rename): a process killed while saving
+  leaves the previous checkpoint intact and never a truncated file under the final name
+  (mmengine writes ``last_checkpoint`` only after the checkpoint itself).
 """
+import os
 import os.path as osp
 import pickle
 import zipfile
@@ -19,6 +23,7 @@ from typing import Any, Dict, List
 
 import numpy as np
 import torch
+from mmengine.fileio.backends import LocalBackend
 from mmengine.logging.history_buffer import HistoryBuffer
 from mmengine.runner.checkpoint import CheckpointLoader
 
@@ -73,9 +78,26 @@ def load_from_local(filename: str, map_location=None) -> Any:
                          f'({type(err).__name__}: {err})') from err
 
 
-def install_checkpoint_allowlist() -> None:
+def _atomic_put(self: LocalBackend, obj: bytes, filepath) -> None:
+    """``LocalBackend.put`` that never leaves a partly written file under ``filepath``."""
+    filepath = os.fspath(filepath)
+    os.makedirs(osp.dirname(filepath) or '.', exist_ok=True)
+    partial = f'{filepath}.partial-{os.getpid()}'
+    try:
+        with open(partial, 'wb') as f:
+            f.write(obj)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(partial, filepath)
+    finally:
+        if osp.exists(partial):
+            os.remove(partial)
+
+
+def install_checkpoint_safety() -> None:
     """Idempotent; runs on ``import nala_mm``."""
     HistoryBuffer.__getstate__ = _history_getstate
     HistoryBuffer.__setstate__ = _history_setstate
     torch.serialization.add_safe_globals([HistoryBuffer, *_numpy_globals()])
     CheckpointLoader.register_scheme(prefixes='', loader=load_from_local, force=True)
+    LocalBackend.put = _atomic_put

@@ -178,3 +178,20 @@ def test_unreadable_image_is_named(tmp_path):
         f.write(b'this is not a jpeg')
     with pytest.raises(Exception, match=re.escape(osp.basename(broken))):
         dataset[0]
+
+
+def test_two_process_training_with_torchrun_and_gloo(tmp_path, tiny_ade):
+    """tools/dist_train.sh: mmengine's pytorch launcher, gloo on CPU, SyncBN as per-process BN."""
+    work = tmp_path / 'dist'
+    proc = subprocess.run(
+        ['bash', 'tools/dist_train.sh', write_tiny_config(tmp_path, tiny_ade, iters=2), '2',
+         '--work-dir', str(work)],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+        env=dict(os.environ, PORT='29561', OMP_NUM_THREADS='1', PYTHONWARNINGS='ignore'))
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-3000:]
+    assert re.search(r'Distributed launcher: pytorch', log)
+    assert re.search(r"backend.*gloo|'gloo'", log)
+    assert re.search(r'World size: 2', log)
+    assert re.search(r'Iter\(train\) \[2/2\]', log)
+    assert (work / 'iter_2.pth').is_file()

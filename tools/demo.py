@@ -38,6 +38,7 @@ def enable_test_overlays(runner: Runner) -> None:
 
 
 def summarise(task: str, metrics: dict, data: dict, runner: Runner, seconds: float) -> dict:
+    metrics = {k: float(v) for k, v in metrics.items()}  # numpy scalars -> JSON
     summary = dict(task=task, metrics=metrics, train_seconds=round(seconds, 1),
                    iterations=runner.iter, overlays=osp.join(runner.log_dir, 'vis_data'))
     if task == 'seg':

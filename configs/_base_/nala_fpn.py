@@ -2,7 +2,7 @@
 _base_ = [
     'mmseg::_base_/models/fpn_r50.py', 'mmseg::_base_/datasets/ade20k.py',
     'mmseg::_base_/default_runtime.py', 'mmseg::_base_/schedules/schedule_80k.py',
-    './nala_no_decay.py'
+    './nala_runtime.py'
 ]
 custom_imports = dict(imports=['nala_mm'], allow_failed_imports=False)
 

@@ -2,7 +2,7 @@
 _base_ = [
     'mmdet::_base_/models/mask-rcnn_r50_fpn.py', 'mmdet::_base_/datasets/coco_instance.py',
     'mmdet::_base_/schedules/schedule_1x.py', 'mmdet::_base_/default_runtime.py',
-    './nala_no_decay.py'
+    './nala_runtime.py'
 ]
 custom_imports = dict(imports=['nala_mm'], allow_failed_imports=False)
 

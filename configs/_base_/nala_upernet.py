@@ -3,7 +3,7 @@
 _base_ = [
     'mmseg::_base_/models/upernet_swin.py', 'mmseg::_base_/datasets/ade20k.py',
     'mmseg::_base_/default_runtime.py', 'mmseg::_base_/schedules/schedule_160k.py',
-    './nala_no_decay.py'
+    './nala_runtime.py'
 ]
 custom_imports = dict(imports=['nala_mm'], allow_failed_imports=False)
 

@@ -1,0 +1,150 @@
+"""Parameters and FLOPs of a config's model (mmseg or mmdet), with NaLa and SDPA counted.
+
+    python tools/get_flops.py configs/ade20k_nala_upernet.py --shape 512 512
+    python tools/get_flops.py configs/coco_nala_mask-rcnn_1x.py --shape 800 1216 --backbone-only
+    python tools/get_flops.py --variants            # backbone GFLOPs of XT..L at 224 vs the paper
+
+One multiply-add counts as one flop (mmengine / fvcore); see :mod:`nala_mm.analysis` for what the
+NaLa and SDPA handles count. The input is a random tensor of exactly ``--shape`` (batch 1; no
+data preprocessor, so no padding). A segmentor is traced in ``mode='tensor'`` (backbone, neck and
+decode head; the auxiliary head, unused at inference, is dropped as in mmseg's get_flops); a
+detector in ``mode='tensor'`` too (backbone, neck, RPN proposals, heads, no post-processing).
+"""
+import argparse
+from functools import partial
+from typing import Any, Tuple
+
+import torch
+from mmengine.analysis import parameter_count
+from mmengine.analysis.print_helper import complexity_stats_table
+from mmengine.config import DictAction
+from torch import nn
+
+from nala_mm.analysis import build_flop_analyzer, build_model_from_config
+from nala_mm.models import ARCH_SETTINGS, NaLaFormer
+
+# The paper's ImageNet numbers at 224 x 224 (spec §2): params (M) and GFLOPs.
+PAPER = {'xt': (8, 1.0), 't': (15, 2.7), 's': (26, 5.1), 'b': (52, 12.0), 'l': (95, 18.0)}
+
+
+def giga(flops: float) -> str:
+    return f'{flops / 1e9:.3f}'
+
+
+def model_and_inputs(config: str, height: int, width: int, backbone_only: bool,
+                     cfg_options: dict) -> Tuple[nn.Module, Tuple[Any, ...], str]:
+    """The module to trace, its inputs, and a description of what is counted."""
+    model, scope = build_model_from_config(config, cfg_options)
+    image = torch.randn(1, 3, height, width)
+    if backbone_only:
+        return model.backbone, (image,), 'backbone only'
+    if scope == 'mmseg':
+        model.auxiliary_head = None
+        return model, (image,), 'segmentor: backbone + neck + decode head (mode=tensor)'
+    from mmdet.structures import DetDataSample
+    shape = (height, width)
+    sample = DetDataSample(metainfo=dict(img_shape=shape, ori_shape=shape, pad_shape=shape,
+                                         batch_input_shape=shape, scale_factor=(1.0, 1.0)))
+    # what mmdet's get_flops does: bind the data samples, trace forward(inputs) in tensor mode
+    model.forward = partial(model.forward, data_samples=[sample], mode='tensor')
+    return model, (image,), 'detector: backbone + neck + RPN + heads (mode=tensor)'
+
+
+def report(config: str, height: int, width: int, backbone_only: bool, cfg_options: dict,
+           max_depth: int) -> None:
+    model, inputs, what = model_and_inputs(config, height, width, backbone_only, cfg_options)
+    analyzer = build_flop_analyzer(model, inputs)
+    with torch.no_grad():
+        total = analyzer.total()
+    by_op = analyzer.by_operator()
+    print(complexity_stats_table(analyzer, max_depth=max_depth, show_param_shapes=False))
+    uncounted = ', '.join(f'{op} x{n}' for op, n in sorted(analyzer.unsupported_ops().items()))
+    line = '=' * 60
+    print(f'{line}\nconfig: {config}\ncounted: {what}\ninput: (1, 3, {height}, {width})\n'
+          f'params: {parameter_count(model)[""] / 1e6:.2f} M\n'
+          f'GFLOPs: {giga(total)}  (1 multiply-add = 1 flop)\n'
+          f'  NaLa attention: {giga(by_op["nala_matmul"] + by_op["nala_elementwise"])} '
+          f'(matmul {giga(by_op["nala_matmul"])}, element-wise {giga(by_op["nala_elementwise"])})'
+          f', softmax SDPA: {giga(by_op["sdpa"])}\n'
+          f'not counted (0 by convention): {uncounted or "-"}\n{line}')
+
+
+class ClassificationTail(nn.Module):
+    """The authors' ImageNet tail (spec §2), counted only to compare with the paper: proj,
+    BN, Swish, average pool, 1x1 head. The per-token Linear is written as a 1x1 conv (same
+    multiply-adds)."""
+
+    def __init__(self, channels: int, hidden: int = 1024, classes: int = 1000):
+        super().__init__()
+        self.proj = nn.Conv2d(channels, hidden, 1)
+        self.norm = nn.BatchNorm2d(hidden)
+        self.act = nn.SiLU()
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.head = nn.Conv2d(hidden, classes, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.pool(self.act(self.norm(self.proj(x)))))
+
+
+def count(module: nn.Module, x: torch.Tensor):
+    analyzer = build_flop_analyzer(module.eval(), (x,))
+    with torch.no_grad():
+        return analyzer.total(), analyzer.by_operator(), analyzer.by_module()
+
+
+def variants(side: int) -> None:
+    """Backbone GFLOPs per variant (default hybrid attention) beside the paper's totals."""
+    print(f'NaLaFormer backbones at {side} x {side} (default hybrid attn_types), GFLOPs with '
+          '1 multiply-add = 1 flop\n')
+    print('| variant | backbone params (M) | + tail params (M) | paper params (M) | '
+          'backbone G | of which NaLa element-wise G | softmax SDPA G | out norms G | '
+          'tail G | classifier-equivalent G | same without NaLa element-wise G | paper G |')
+    print('|---' * 12 + '|')
+    for arch in ARCH_SETTINGS:
+        backbone = NaLaFormer(arch=arch)
+        image = torch.randn(1, 3, side, side)
+        total, by_op, by_module = count(backbone, image)
+        # the dense-prediction out_norm{i} LayerNorms are not part of the classifier
+        out_norms = sum(by_module[f'out_norm{i}'] for i in backbone.out_indices)
+        last = backbone.embed_dims[-1]
+        tail = ClassificationTail(last)
+        tail_flops, _, _ = count(tail, torch.randn(1, last, side // 32, side // 32))
+        params = parameter_count(backbone)[''] - sum(
+            parameter_count(getattr(backbone, f'out_norm{i}'))[''] for i in backbone.out_indices)
+        tail_params = parameter_count(tail)['']
+        classifier = total - out_norms + tail_flops
+        paper_params, paper_flops = PAPER[arch]
+        print(f'| {arch.upper()} | {params / 1e6:.2f} | {(params + tail_params) / 1e6:.2f} | '
+              f'{paper_params} | {giga(total)} | {giga(by_op["nala_elementwise"])} | '
+              f'{giga(by_op["sdpa"])} | {giga(out_norms)} | {giga(tail_flops)} | '
+              f'{giga(classifier)} | {giga(classifier - by_op["nala_elementwise"])} | '
+              f'{paper_flops} |')
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('config', nargs='?', help='mm config (mmseg or mmdet)')
+    parser.add_argument('--shape', type=int, nargs='+', default=None,
+                        help='input H [W] (default 512 512; 224 with --variants)')
+    parser.add_argument('--backbone-only', action='store_true', help='count the backbone alone')
+    parser.add_argument('--variants', action='store_true',
+                        help='backbone GFLOPs of NaLaFormer XT/T/S/B/L vs the paper')
+    parser.add_argument('--max-depth', type=int, default=3, help='depth of the module table')
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction, default={},
+                        help='override config settings, key=value')
+    args = parser.parse_args()
+    shape = args.shape or ([224] if args.variants else [512])
+    if len(shape) not in (1, 2):
+        parser.error('--shape takes H or H W')
+    height, width = shape[0], shape[-1]
+    if args.variants:
+        variants(height)
+        return
+    if args.config is None:
+        parser.error('a config is needed (or --variants)')
+    report(args.config, height, width, args.backbone_only, args.cfg_options, args.max_depth)
+
+
+if __name__ == '__main__':
+    main()
