@@ -39,13 +39,13 @@ def projections_flops() -> int:
 
 def test_nala_layer_total_matches_analytic_count():
     n, d = TOKENS, HEAD_DIM
-    per_head = (2 * n * d * d      # state: (2d x N) @ (N x d)
-                + 2 * n * d * d    # numerator: (N x 2d) @ (2d x d)
-                + 2 * n * d        # normaliser: (N x 2d) @ (2d x 1)
-                + 2 * n * d        # key mean over N rows of 2d
+    per_head = (2 * n * d * d        # state: (2d x N) @ (N x d)
+                + 2 * n * d * d      # numerator: (N x 2d) @ (2d x d)
+                + 2 * n * d          # normaliser: (N x 2d) @ (2d x 1)
+                + 2 * n * d          # key mean over N rows of 2d
                 + 2 * 4 * 2 * n * d  # phi(q), phi(k): 4 flops per feature element
                 + 2 * 2 * 2 * n * d  # RoPE on both: 2 multiply-adds per element
-                + n * d)           # output times z
+                + n * d)             # output times z
     expected = projections_flops() + HEADS * per_head
     total = analyze(NormAwareLinearAttention(CHANNELS, HEADS)).total()
     assert abs(total - expected) / expected < 0.05

@@ -96,7 +96,7 @@ def variants(side: int) -> None:
     """Backbone GFLOPs per variant (default hybrid attention) beside the paper's totals."""
     print(f'NaLaFormer backbones at {side} x {side} (default hybrid attn_types), GFLOPs with '
           '1 multiply-add = 1 flop\n')
-    print('| variant | backbone params (M) | + tail params (M) | paper params (M) | '
+    print('| variant | backbone params w/o out norms (M) | + tail params (M) | paper params (M) | '
           'backbone G | of which NaLa element-wise G | softmax SDPA G | out norms G | '
           'tail G | classifier-equivalent G | same without NaLa element-wise G | paper G |')
     print('|---' * 12 + '|')
