@@ -78,7 +78,7 @@ def run_case(name: str, side: int, mode: str, measure: str, repeats: int, device
 
     if measure == 'memory':
         return dict(peak_mib=peak_memory_mib(step, device))
-    return dict(median_ms=median_ms(step, repeats, device), repeats=repeats)
+    return dict(median_ms=median_ms(step, repeats, device, warmup=3), repeats=repeats)
 
 
 def write_markdown(rows: list, ratios: dict, device_name: str, path: str) -> None:
@@ -132,7 +132,7 @@ def main() -> None:
     parser.add_argument('--case', nargs=6, help=argparse.SUPPRESS)
     parser.add_argument('--sizes', nargs='+', type=int, default=[32, 64, 128, 256],
                         help='square feature-map sides (N = side^2)')
-    parser.add_argument('--repeats', type=int, default=5)
+    parser.add_argument('--repeats', type=int, default=10)
     parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
     parser.add_argument('--out', default=RESULTS)
     args = parser.parse_args()
@@ -189,13 +189,12 @@ def main() -> None:
         bound = '' if explicit.get('fwd_bwd_mib') else ' (vs the lower bound of explicit softmax)'
         ratios[f'fast vs explicit softmax at N={largest}, peak memory reduction'] = \
             f'{100 * (1 - fast_peak / explicit_peak):.2f}%{bound}'
+    fast_peaks = {r['tokens']: r.get('fwd_bwd_mib') for r in rows if r['impl'] == 'nala_fast'}
     for small, big in zip(args.sizes, args.sizes[1:]):
-        grow = ratio(rows, 'nala_fast', 'nala_fast', big * big, 'fwd_bwd_mib')
-        base = next((r.get('fwd_bwd_mib') for r in rows
-                     if r['impl'] == 'nala_fast' and r['tokens'] == small * small), None)
-        if grow is not None and base:
-            ratios[f'fast path memory growth {small * small} -> {big * big} tokens'] = \
-                f'{grow / base:.2f}x for {(big / small) ** 2:.0f}x tokens'
+        low, high = fast_peaks.get(small * small), fast_peaks.get(big * big)
+        if low and high:
+            ratios[f'fast path fwd+bwd memory growth {small * small} -> {big * big} tokens'] = \
+                f'{high / low:.2f}x for {(big / small) ** 2:.0f}x tokens'
 
     os.makedirs(args.out, exist_ok=True)
     stem = osp.join(args.out, 'attention' if args.device == 'cpu' else f'attention_{args.device}')

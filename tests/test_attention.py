@@ -42,6 +42,23 @@ def test_fast_matches_reference_forward_and_gradients(kernel, use_rope):
 
 
 @pytest.mark.parametrize('kernel', ['cosine', 'relu'])
+@pytest.mark.parametrize('chunk', [1, 7, 50])
+def test_token_chunking_does_not_change_results(kernel, chunk):
+    height, width, head_dim = 9, 13, 8  # N = 117: chunks of 7 and 50 leave ragged tails
+    q, k, v = qkv((2, 2, height * width, head_dim), seed=5)
+    cfg, rope = NaLaConfig(kernel=kernel), rope_table(height, width, head_dim)
+    expected = nala_attention_reference(q, k, v, cfg, rope)
+    actual = nala_attention(q, k, v, cfg, rope, chunk=chunk)
+    assert rel_err(actual, expected) <= 1e-5
+    grad_out = torch.randn_like(expected)
+    for a, e in zip(torch.autograd.grad(actual, (q, k, v), grad_out),
+                    torch.autograd.grad(expected, (q, k, v), grad_out)):
+        assert rel_err(a, e) <= 1e-5
+    with pytest.raises(ValueError, match='chunk=0'):
+        nala_attention(q, k, v, cfg, rope, chunk=0)
+
+
+@pytest.mark.parametrize('kernel', ['cosine', 'relu'])
 def test_layer_fast_matches_reference_including_parameter_gradients(kernel):
     torch.manual_seed(0)
     fast = NormAwareLinearAttention(16, 2, kernel=kernel)
