@@ -3,18 +3,14 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup test test-slow demo demo-det bench clean-demo
+.PHONY: setup test demo demo-det bench clean-demo
 
 setup:
 	@bash tools/setup_env.sh
 
 # The whole test suite: tiny models, tiny generated data (< 15 min on 2 cores).
 test: setup
-	$(PY) -m pytest tests -q -m "not slow" -p no:cacheprovider
-
-# Heavier end-to-end checks (long AMP run, crash/resume with a killed process, ...).
-test-slow: setup
-	$(PY) -m pytest tests -q -m slow -p no:cacheprovider
+	$(PY) -m pytest tests -q -p no:cacheprovider
 
 # Main job on the embedded default: synthetic ADE20K-layout data -> UperNet + NaLaFormer -> mIoU.
 demo: setup

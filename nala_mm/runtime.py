@@ -4,7 +4,9 @@ from contextlib import contextmanager
 from typing import Optional
 
 import torch
+import torch.distributed as torch_dist
 from mmengine.config import Config
+from mmengine.dist import utils as dist_utils
 from mmengine.logging import print_log
 from mmengine.optim import OptimWrapper
 from mmengine.registry import OPTIM_WRAPPERS
@@ -62,8 +64,8 @@ def load_config(path: str, launcher: str = 'none', cfg_options: Optional[dict] =
     """Read a config the way the upstream tools do, then adapt it to a machine without CUDA.
 
     Without CUDA, torch's SyncBatchNorm cannot run and NCCL does not exist, so multi-process
-    runs use BN per process and the gloo backend (mmengine already reverts SyncBN to BN for a
-    single process).
+    runs use BN per process, the gloo backend and DDP without device ids (mmengine already
+    reverts SyncBN to BN for a single process).
     """
     cfg = Config.fromfile(path)
     cfg.launcher = launcher
@@ -76,6 +78,27 @@ def load_config(path: str, launcher: str = 'none', cfg_options: Optional[dict] =
     if not torch.cuda.is_available():
         if cfg.get('env_cfg', {}).get('dist_cfg', {}).get('backend') == 'nccl':
             cfg.env_cfg.dist_cfg.backend = 'gloo'
-        if launcher != 'none' and _replace_sync_bn(cfg.model):
-            print_log('no CUDA: SyncBN layers run as per-process BN', logger='current')
+        if launcher != 'none':
+            if _replace_sync_bn(cfg.model):
+                print_log('no CUDA: SyncBN layers run as per-process BN', logger='current')
+            # DDP of a CPU module takes no device ids (mmengine passes the local rank)
+            cfg.setdefault('model_wrapper_cfg',
+                           dict(type='MMDistributedDataParallel', device_ids=None))
     return cfg
+
+
+def _cpu_aware_pytorch_launcher(original):
+    """mmengine's torchrun initialiser calls ``torch.cuda.set_device`` unconditionally, which
+    a CPU-only torch rejects; without CUDA, initialise the (gloo) process group directly."""
+
+    def init_dist_pytorch(backend, init_backend='torch', **kwargs):
+        if torch.cuda.is_available() or init_backend != 'torch':
+            return original(backend, init_backend=init_backend, **kwargs)
+        torch_dist.init_process_group(backend=backend, **kwargs)
+
+    init_dist_pytorch.nala_cpu_aware = True
+    return init_dist_pytorch
+
+
+if not getattr(dist_utils._init_dist_pytorch, 'nala_cpu_aware', False):
+    dist_utils._init_dist_pytorch = _cpu_aware_pytorch_launcher(dist_utils._init_dist_pytorch)

@@ -133,7 +133,6 @@ train_pipeline = [
     dict(type='PackSegInputs'),
 ]
 train_dataloader = dict(dataset=dict(pipeline=train_pipeline))
-train_cfg = dict(val_interval=1000)
 default_hooks = dict(logger=dict(interval=10), checkpoint=dict(interval=1000))
 optim_wrapper = dict(optimizer=dict(lr=2e-3))
 param_scheduler = []
@@ -153,11 +152,6 @@ def run_amp_training(tmp_path, root, iters):
     return losses
 
 
-def test_amp_training_is_finite(tmp_path, small_ade):
-    run_amp_training(tmp_path, small_ade, iters=20)
-
-
-@pytest.mark.slow
 def test_amp_trains_200_iterations_without_nan(tmp_path, small_ade):
     losses = run_amp_training(tmp_path, small_ade, iters=200)
     assert losses[200] < losses[10]  # it learned under bf16
