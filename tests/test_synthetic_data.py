@@ -1,8 +1,8 @@
 """Synthetic ADE20K-layout and COCO-format generators: layout, labels, determinism, caching."""
 import importlib
-import importlib.util
 import json
 import os
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -18,11 +18,13 @@ def _load(name: str) -> ModuleType:
     try:
         return importlib.import_module(f'nala_mm.datasets.{name}')
     except ImportError:  # nala_mm/__init__ pulls in mmengine, absent in a bare env
-        spec = importlib.util.spec_from_file_location(
-            f'_nala_mm_{name}', REPO / 'nala_mm' / 'datasets' / f'{name}.py')
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
+        # A stand-in package over nala_mm/datasets that skips its __init__, so the generators'
+        # relative import of synthetic_common still resolves.
+        if '_nala_mm_datasets' not in sys.modules:
+            package = ModuleType('_nala_mm_datasets')
+            package.__path__ = [str(REPO / 'nala_mm' / 'datasets')]
+            sys.modules['_nala_mm_datasets'] = package
+        return importlib.import_module(f'_nala_mm_datasets.{name}')
 
 
 ade = _load('synthetic_ade')

@@ -16,13 +16,16 @@ and value ``v >= 1`` is ADE class ``v - 1``, using the real ADE indices of
 """
 from __future__ import annotations
 
-import json
 import os
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Tuple
 
 import numpy as np
 from PIL import Image
 from tqdm import tqdm
+
+from .synthetic_common import (Grid, colour_pair, keeps_others_visible, mix, read_stamp,
+                               remove_stale, stamp_is_current, stamp_params, validate_args,
+                               write_stamp)
 
 # The 150 ADE20K classes in official order, spelled exactly as
 # mmseg.datasets.ADE20KDataset.METAINFO['classes'] spells them -- including the
@@ -69,23 +72,7 @@ _MAX_OBJECT_SIZE = 0.55  # of the shorter image side
 _MIN_VISIBLE = 0.5  # an occluded object keeps at least this share of its pixels
 _PLACEMENT_TRIES = 30
 
-Grid = Tuple[np.ndarray, np.ndarray]
 Layer = Tuple[np.ndarray, np.ndarray]  # (mask HxW bool, rgb HxWx3 float)
-
-
-def _colour_pair(rng: np.random.Generator) -> Tuple[np.ndarray, np.ndarray]:
-    """Two random colours with a brightness gap, so a texture stays visible whatever the hue."""
-    base = rng.uniform(0, 255, 3)
-    if base.mean() > 127:
-        other = base * rng.uniform(0.25, 0.55)
-    else:
-        other = base + (255 - base) * rng.uniform(0.45, 0.75)
-    return (base, other) if rng.random() < 0.5 else (other, base)
-
-
-def _mix(t: np.ndarray, first: np.ndarray, second: np.ndarray) -> np.ndarray:
-    """Blend two colours with a per-pixel weight ``t`` in [0, 1]."""
-    return first + t[..., None] * (second - first)
 
 
 def _brick(rng: np.random.Generator, grid: Grid) -> np.ndarray:
@@ -102,7 +89,7 @@ def _brick(rng: np.random.Generator, grid: Grid) -> np.ndarray:
     # Per-brick shade jitter, as in real brickwork; small enough not to hide the mortar.
     shades = rng.uniform(-0.12, 0.12, (64, 64))
     shade = shades[row.astype(int) % 64, col.astype(int) % 64]
-    brick_rgb, mortar_rgb = _colour_pair(rng)
+    brick_rgb, mortar_rgb = colour_pair(rng)
     bricks = brick_rgb * (1 + shade[..., None])
     return np.where(mortar[..., None], mortar_rgb, bricks)
 
@@ -118,8 +105,8 @@ def _planks(rng: np.random.Generator, grid: Grid) -> np.ndarray:
     plank = np.floor(u / plank_w)
     seam = (u % plank_w) < 1.5
     grain = 0.5 + 0.5 * np.sin(u * rng.uniform(1.0, 1.6) + 2 * np.sin(v * 0.08 + plank * 1.7))
-    wood_rgb, seam_rgb = _colour_pair(rng)
-    return _mix(np.where(seam, 1.0, 0.3 * grain), wood_rgb, seam_rgb)
+    wood_rgb, seam_rgb = colour_pair(rng)
+    return mix(np.where(seam, 1.0, 0.3 * grain), wood_rgb, seam_rgb)
 
 
 def _rect(rng: np.random.Generator, grid: Grid,
@@ -153,8 +140,8 @@ def _windowpane(rng: np.random.Generator, grid: Grid) -> Layer:
         bars |= np.abs(lx - k * w / cols) < bar_w / 2
     for k in range(1, rows):
         bars |= np.abs(ly - k * h / rows) < bar_w / 2
-    frame_rgb, glass_rgb = _colour_pair(rng)
-    glass = _mix(np.clip(ly / h, 0, 1), glass_rgb, glass_rgb * 0.6)
+    frame_rgb, glass_rgb = colour_pair(rng)
+    glass = mix(np.clip(ly / h, 0, 1), glass_rgb, glass_rgb * 0.6)
     glint = ((lx - 0.6 * ly + rng.uniform(0, w)) % (1.5 * w)) < 3
     glass = np.where(glint[..., None], glass + 0.35 * (255 - glass), glass)
     return mask, np.where(bars[..., None], frame_rgb, glass)
@@ -166,8 +153,8 @@ def _painting(rng: np.random.Generator, grid: Grid) -> Layer:
     cell = rng.uniform(3.0, 6.0)
     ox, oy = rng.uniform(0, 1, 2)
     checker = (np.floor(lx / cell + ox) + np.floor(ly / cell + oy)) % 2
-    light_rgb, dark_rgb = _colour_pair(rng)
-    canvas = _mix(checker, light_rgb, dark_rgb)
+    light_rgb, dark_rgb = colour_pair(rng)
+    canvas = mix(checker, light_rgb, dark_rgb)
     frame = _frame(lx, ly, w, h, rng.uniform(2.0, 4.0))
     return mask, np.where(frame[..., None], rng.uniform(0, 255, 3), canvas)
 
@@ -195,7 +182,7 @@ def _plant(rng: np.random.Generator, grid: Grid) -> Layer:
     dots[:-1] |= seeds[1:]
     dots[:, 1:] |= seeds[:, :-1]
     dots[:, :-1] |= seeds[:, 1:]
-    leaf_rgb, dot_rgb = _colour_pair(rng)
+    leaf_rgb, dot_rgb = colour_pair(rng)
     return mask, np.where(dots[..., None], dot_rgb, leaf_rgb)
 
 
@@ -213,10 +200,10 @@ def _lamp(rng: np.random.Generator, grid: Grid) -> Layer:
     period = rng.uniform(5.0, 8.0)
     phase = 2 * np.pi * rho * (ax + ay) / 2 / period + rng.uniform(0, 2 * np.pi)
     rings = (np.sin(phase) > 0).astype(float)
-    ring_rgb, gap_rgb = _colour_pair(rng)
-    lit = _mix(rings, ring_rgb, gap_rgb)
+    ring_rgb, gap_rgb = colour_pair(rng)
+    lit = mix(rings, ring_rgb, gap_rgb)
     glow = np.clip(1 - rho, 0, 1) * 0.4
-    return mask, _mix(glow, lit, np.full(3, 255.0))
+    return mask, mix(glow, lit, np.full(3, 255.0))
 
 
 _OBJECT_DRAWERS: Dict[str, Callable[[np.random.Generator, Grid], Layer]] = {
@@ -225,13 +212,6 @@ _OBJECT_DRAWERS: Dict[str, Callable[[np.random.Generator, Grid], Layer]] = {
     'painting': _painting,
     'lamp': _lamp,
 }
-
-
-def _keeps_others_visible(owner: np.ndarray, mask: np.ndarray, areas: List[int]) -> bool:
-    """Whether drawing ``mask`` on top leaves every earlier object mostly visible."""
-    trial = np.where(mask, len(areas), owner)
-    visible = np.bincount(trial.ravel() + 1, minlength=len(areas) + 2)[1:len(areas) + 1]
-    return bool(np.all(visible >= _MIN_VISIBLE * np.asarray(areas)))
 
 
 def _clutter(rng: np.random.Generator, grid: Grid) -> np.ndarray:
@@ -275,7 +255,7 @@ def _render(rng: np.random.Generator, index: int, height: int,
     for name in names:
         for _ in range(_PLACEMENT_TRIES):
             mask, rgb = _OBJECT_DRAWERS[name](rng, grid)
-            if _keeps_others_visible(owner, mask, areas):
+            if keeps_others_visible(owner, mask, areas, _MIN_VISIBLE):
                 break
         else:
             continue  # no placement leaves the earlier objects visible enough: skip this one
@@ -295,42 +275,14 @@ def _render(rng: np.random.Generator, index: int, height: int,
     return np.clip(np.rint(image), 0, 255).astype(np.uint8), label
 
 
-def _validate(num_train: int, num_val: int, image_size: Tuple[int, int],
-              seed: int) -> Tuple[int, int]:
-    """Check the arguments; return (height, width)."""
-    for name, value in (('num_train', num_train), ('num_val', num_val)):
-        if int(value) != value or value < 1:
-            raise ValueError(f'{name} must be an integer >= 1, got {value!r}')
-    if len(image_size) != 2:
-        raise ValueError(f'image_size must be (height, width), got {image_size!r}')
-    for value in image_size:
-        if int(value) != value or value < 32:
-            raise ValueError(
-                f'image_size entries must be integers >= 32, got {value!r} in {image_size!r}')
-    if int(seed) != seed or seed < 0:
-        raise ValueError(f'seed must be a non-negative integer, got {seed!r}')
-    return int(image_size[0]), int(image_size[1])
-
-
-def _read_stamp(path: str) -> Optional[dict]:
-    """The stamp's content, or None when it is missing or unreadable."""
-    try:
-        with open(path, encoding='utf-8') as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
-
-
 def _file_names(split_prefix: str, count: int) -> List[str]:
     return [f'{split_prefix}_{i:08d}' for i in range(count)]
 
 
 def _remove_stale(directory: str, split_prefix: str, suffix: str, keep: int) -> None:
     """Delete files of an earlier, larger generation: mmseg would load every file it finds."""
-    wanted = {name + suffix for name in _file_names(split_prefix, keep)}
-    for name in os.listdir(directory):
-        if name.startswith(split_prefix + '_') and name.endswith(suffix) and name not in wanted:
-            os.remove(os.path.join(directory, name))
+    remove_stale(directory, [name + suffix for name in _file_names(split_prefix, keep)],
+                 lambda name: name.startswith(split_prefix + '_') and name.endswith(suffix))
 
 
 def generate_ade_like(root: str, num_train: int = 160, num_val: int = 40,
@@ -350,24 +302,23 @@ def generate_ade_like(root: str, num_train: int = 160, num_val: int = 40,
         dict with ``root``, ``num_train``, ``num_val``, ``classes`` (:data:`DEMO_CLASSES`)
         and ``class_pixel_fraction`` (share of labelled validation pixels per class).
     """
-    height, width = _validate(num_train, num_val, image_size, seed)
+    height, width = validate_args(num_train, num_val, image_size, seed)
     root = os.fspath(root)
     counts = {'training': int(num_train), 'validation': int(num_val)}
-    params = {'format_version': _FORMAT_VERSION, 'num_train': counts['training'],
-              'num_val': counts['validation'], 'image_size': [height, width], 'seed': int(seed)}
+    params = stamp_params(_FORMAT_VERSION, counts['training'], counts['validation'],
+                          height, width, int(seed))
     stamp_path = os.path.join(root, _STAMP_NAME)
 
     def summary(fractions: Dict[str, float]) -> dict:
         return {'root': root, 'num_train': params['num_train'], 'num_val': params['num_val'],
                 'classes': DEMO_CLASSES, 'class_pixel_fraction': fractions}
 
-    stamp = _read_stamp(stamp_path)
+    stamp = read_stamp(stamp_path)
     expected = [os.path.join(root, kind, split, name + suffix)
                 for split, prefix in _SPLITS
                 for name in _file_names(prefix, counts[split])
                 for kind, suffix in (('images', '.jpg'), ('annotations', '.png'))]
-    if (stamp is not None and stamp.get('params') == params and 'class_pixel_fraction' in stamp
-            and all(map(os.path.isfile, expected))):
+    if stamp_is_current(stamp, params, expected, required_keys=('class_pixel_fraction',)):
         return summary(stamp['class_pixel_fraction'])
 
     val_pixels = np.zeros(len(DEMO_CLASSES), dtype=np.int64)
@@ -388,11 +339,7 @@ def generate_ade_like(root: str, num_train: int = 160, num_val: int = 40,
                 bar.update()
 
     fractions = {c: float(n) / float(val_pixels.sum()) for c, n in zip(DEMO_CLASSES, val_pixels)}
-    # Write the stamp last and atomically: an interrupted run must not look complete.
-    tmp_path = stamp_path + '.tmp'
-    with open(tmp_path, 'w', encoding='utf-8') as f:
-        json.dump({'params': params, 'class_pixel_fraction': fractions}, f, indent=2)
-    os.replace(tmp_path, stamp_path)
+    write_stamp(stamp_path, {'params': params, 'class_pixel_fraction': fractions})
     return summary(fractions)
 
 

@@ -14,11 +14,15 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, List, Tuple
 
 import numpy as np
 from PIL import Image, ImageDraw
 from tqdm import tqdm
+
+from .synthetic_common import (Grid, colour_pair, keeps_others_visible, mix, read_stamp,
+                               remove_stale, stamp_is_current, stamp_params, validate_args,
+                               write_stamp)
 
 COCO_DEMO_CLASSES: Tuple[str, ...] = ('disc', 'square', 'triangle', 'star')
 
@@ -30,23 +34,6 @@ _MIN_RADIUS = 12.0  # px, circumradius; keeps the smallest object ~20 px across
 _MAX_RADIUS = 0.22  # of the shorter image side
 _MIN_VISIBLE = 0.6  # an occluded object keeps at least this share of its pixels
 _PLACEMENT_TRIES = 50
-
-Grid = Tuple[np.ndarray, np.ndarray]
-
-
-def _colour_pair(rng: np.random.Generator) -> Tuple[np.ndarray, np.ndarray]:
-    """Two random colours with a brightness gap, so a texture stays visible whatever the hue."""
-    base = rng.uniform(0, 255, 3)
-    if base.mean() > 127:
-        other = base * rng.uniform(0.25, 0.55)
-    else:
-        other = base + (255 - base) * rng.uniform(0.45, 0.75)
-    return (base, other) if rng.random() < 0.5 else (other, base)
-
-
-def _mix(t: np.ndarray, first: np.ndarray, second: np.ndarray) -> np.ndarray:
-    """Blend two colours with a per-pixel weight ``t`` in [0, 1]."""
-    return first + t[..., None] * (second - first)
 
 
 def _stripes(rng: np.random.Generator, grid: Grid) -> np.ndarray:
@@ -112,13 +99,6 @@ def _rasterize(polygon: np.ndarray, height: int, width: int) -> np.ndarray:
     return np.asarray(canvas, dtype=bool)
 
 
-def _keeps_others_visible(owner: np.ndarray, mask: np.ndarray, areas: List[int]) -> bool:
-    """Whether drawing ``mask`` on top leaves every earlier object mostly visible."""
-    trial = np.where(mask, len(areas), owner)
-    visible = np.bincount(trial.ravel() + 1, minlength=len(areas) + 2)[1:len(areas) + 1]
-    return bool(np.all(visible >= _MIN_VISIBLE * np.asarray(areas)))
-
-
 def _render(rng: np.random.Generator, height: int,
             width: int) -> Tuple[np.ndarray, List[Tuple[int, np.ndarray]]]:
     """One image and its objects as (category index, polygon) in drawing order."""
@@ -127,8 +107,8 @@ def _render(rng: np.random.Generator, height: int,
     # Background: soft two-colour blotches, kept low-contrast next to the object fills.
     blotch = 0.5 + 0.5 * np.sin(xx * rng.uniform(0.03, 0.1) + rng.uniform(0, 6)) * np.sin(
         yy * rng.uniform(0.03, 0.1) + rng.uniform(0, 6))
-    first, second = _colour_pair(rng)
-    image = _mix(0.5 * blotch, first, second)
+    first, second = colour_pair(rng)
+    image = mix(0.5 * blotch, first, second)
 
     owner = np.full((height, width), -1, dtype=np.int64)
     areas: List[int] = []
@@ -138,7 +118,7 @@ def _render(rng: np.random.Generator, height: int,
         for _ in range(_PLACEMENT_TRIES):
             polygon = _shape_polygon(rng, COCO_DEMO_CLASSES[category], height, width)
             mask = _rasterize(polygon, height, width)
-            if mask.any() and _keeps_others_visible(owner, mask, areas):
+            if mask.any() and keeps_others_visible(owner, mask, areas, _MIN_VISIBLE):
                 break
         else:
             continue  # no placement leaves the earlier objects visible enough: skip this one
@@ -146,7 +126,7 @@ def _render(rng: np.random.Generator, height: int,
         areas.append(int(mask.sum()))
         objects.append((category, polygon))
         fill = _FILLS[int(rng.integers(len(_FILLS)))](rng, grid)
-        image[mask] = _mix(fill, *_colour_pair(rng))[mask]
+        image[mask] = mix(fill, *colour_pair(rng))[mask]
 
     image = image + rng.normal(0, rng.uniform(2, 5), image.shape)
     return np.clip(np.rint(image), 0, 255).astype(np.uint8), objects
@@ -165,42 +145,14 @@ def _annotation(ann_id: int, image_id: int, category: int, polygon: np.ndarray) 
             'iscrowd': 0}
 
 
-def _validate(num_train: int, num_val: int, image_size: Tuple[int, int],
-              seed: int) -> Tuple[int, int]:
-    """Check the arguments; return (height, width)."""
-    for name, value in (('num_train', num_train), ('num_val', num_val)):
-        if int(value) != value or value < 1:
-            raise ValueError(f'{name} must be an integer >= 1, got {value!r}')
-    if len(image_size) != 2:
-        raise ValueError(f'image_size must be (height, width), got {image_size!r}')
-    for value in image_size:
-        if int(value) != value or value < 32:
-            raise ValueError(
-                f'image_size entries must be integers >= 32, got {value!r} in {image_size!r}')
-    if int(seed) != seed or seed < 0:
-        raise ValueError(f'seed must be a non-negative integer, got {seed!r}')
-    return int(image_size[0]), int(image_size[1])
-
-
-def _read_stamp(path: str) -> Optional[dict]:
-    """The stamp's content, or None when it is missing or unreadable."""
-    try:
-        with open(path, encoding='utf-8') as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
-
-
 def _file_names(count: int) -> List[str]:
     return [f'{image_id:012d}.jpg' for image_id in range(1, count + 1)]
 
 
 def _remove_stale(directory: str, keep: int) -> None:
     """Delete images of an earlier, larger generation so the folder matches the JSON."""
-    wanted = set(_file_names(keep))
-    for name in os.listdir(directory):
-        if name.endswith('.jpg') and len(name) == 16 and name[:12].isdigit() and name not in wanted:
-            os.remove(os.path.join(directory, name))
+    remove_stale(directory, _file_names(keep),
+                 lambda name: name.endswith('.jpg') and len(name) == 16 and name[:12].isdigit())
 
 
 def generate_coco_like(root: str, num_train: int = 120, num_val: int = 30,
@@ -219,11 +171,11 @@ def generate_coco_like(root: str, num_train: int = 120, num_val: int = 30,
     Returns:
         dict with ``root``, ``num_train``, ``num_val`` and ``classes`` (:data:`COCO_DEMO_CLASSES`).
     """
-    height, width = _validate(num_train, num_val, image_size, seed)
+    height, width = validate_args(num_train, num_val, image_size, seed)
     root = os.fspath(root)
     counts = {'train2017': int(num_train), 'val2017': int(num_val)}
-    params = {'format_version': _FORMAT_VERSION, 'num_train': counts['train2017'],
-              'num_val': counts['val2017'], 'image_size': [height, width], 'seed': int(seed)}
+    params = stamp_params(_FORMAT_VERSION, counts['train2017'], counts['val2017'],
+                          height, width, int(seed))
     summary = {'root': root, 'num_train': params['num_train'], 'num_val': params['num_val'],
                'classes': COCO_DEMO_CLASSES}
     stamp_path = os.path.join(root, _STAMP_NAME)
@@ -231,8 +183,7 @@ def generate_coco_like(root: str, num_train: int = 120, num_val: int = 30,
     expected = [os.path.join(ann_dir, f'instances_{split}.json') for split in _SPLITS]
     expected += [os.path.join(root, split, name)
                  for split in _SPLITS for name in _file_names(counts[split])]
-    stamp = _read_stamp(stamp_path)
-    if stamp is not None and stamp.get('params') == params and all(map(os.path.isfile, expected)):
+    if stamp_is_current(read_stamp(stamp_path), params, expected):
         return summary
 
     categories = [{'id': i + 1, 'name': name, 'supercategory': 'shape'}
@@ -262,9 +213,5 @@ def generate_coco_like(root: str, num_train: int = 120, num_val: int = 30,
             with open(os.path.join(ann_dir, f'instances_{split}.json'), 'w', encoding='utf-8') as f:
                 json.dump(dataset, f)
 
-    # Write the stamp last and atomically: an interrupted run must not look complete.
-    tmp_path = stamp_path + '.tmp'
-    with open(tmp_path, 'w', encoding='utf-8') as f:
-        json.dump({'params': params}, f, indent=2)
-    os.replace(tmp_path, stamp_path)
+    write_stamp(stamp_path, {'params': params})
     return summary
