@@ -6,7 +6,7 @@ _base_ = ['../coco_nala_mask-rcnn_1x.py']
 data_root = 'data/demo/coco/'
 metainfo = dict(classes=('disc', 'square', 'triangle', 'star'))
 num_classes = 4
-image_scale = (192, 192)
+image_scale = (160, 160)
 
 model = dict(
     backbone=dict(
@@ -45,14 +45,14 @@ test_dataloader = val_dataloader
 val_evaluator = dict(ann_file=data_root + 'annotations/instances_val2017.json')
 test_evaluator = val_evaluator
 
-max_epochs = 24
+max_epochs = 30
 train_cfg = dict(max_epochs=max_epochs, val_interval=max_epochs)
-optim_wrapper = dict(optimizer=dict(lr=1e-3))
+optim_wrapper = dict(optimizer=dict(lr=3e-4))
 param_scheduler = [
     dict(type='LinearLR', start_factor=0.01, by_epoch=False, begin=0, end=100),
-    dict(type='MultiStepLR', begin=0, end=max_epochs, by_epoch=True, milestones=[18, 22],
+    dict(type='MultiStepLR', begin=0, end=max_epochs, by_epoch=True, milestones=[24, 28],
          gamma=0.1),
 ]
-default_hooks = dict(logger=dict(type='LoggerHook', interval=20),
+default_hooks = dict(logger=dict(type='LoggerHook', interval=30),
                      checkpoint=dict(type='CheckpointHook', interval=8, max_keep_ckpts=2))
 randomness = dict(seed=0)
