@@ -38,7 +38,7 @@ $PIP install -q "setuptools>=77,<82" wheel ninja "numpy<2.3"
 
 have_mmcv_ops() { "$VENV/bin/python" -c "import mmcv, mmcv.ops; assert mmcv.__version__ == '2.1.0'" 2>/dev/null; }
 if ! have_mmcv_ops; then
-  log "building mmcv 2.1.0 with compiled ops (about 20 minutes on 2 cores, once per machine;"
+  log "building mmcv 2.1.0 with compiled ops (10-20 minutes on 2 cores, once per machine;"
   log "pip caches the wheel afterwards). Build log: $VENV/mmcv-build.log"
   "$VENV/bin/python" -m pip uninstall -y -q mmcv mmcv-lite >/dev/null 2>&1 || true
   # Plain `pip install mmcv` silently builds without ops; MMCV_WITH_OPS=1 forces them.
@@ -49,7 +49,6 @@ if ! have_mmcv_ops; then
   start=$(date +%s)
   while kill -0 "$build" 2>/dev/null; do
     sleep 30
-    n=$(grep -c -E '\[[0-9]+/[0-9]+\]|Building|building' "$VENV/mmcv-build.log" 2>/dev/null || true)
     step=$(grep -o -E '\[[0-9]+/[0-9]+\]' "$VENV/mmcv-build.log" 2>/dev/null | tail -n 1 || true)
     log "mmcv build running for $(( ($(date +%s) - start) / 60 )) min ${step:+(compiling $step)}"
   done
