@@ -35,6 +35,8 @@ def small_ade(tmp_path_factory):
 
 
 def write_config(directory, root, iters, extra=''):
+    """TINY_CFG on ``root``; ``extra`` re-assigning a dict replaces it whole, so it must repeat
+    the data root (else the demo's default root would be used)."""
     path = directory / f'cfg_{iters}.py'
     path.write_text(TINY_CFG.format(base=DEMO_CFG, root=root, iters=iters) + extra)
     return str(path)
@@ -61,7 +63,8 @@ def glob_scalars(work_dir):
 CRASH_EXTRA = """
 randomness = dict(seed=0, deterministic=True)
 log_processor = dict(window_size=1)
-train_dataloader = dict(num_workers=1, persistent_workers=True)
+train_dataloader = dict(batch_size=2, num_workers=1, persistent_workers=True,
+                        dataset=dict(data_root=data_root))
 default_hooks = dict(checkpoint=dict(interval=4, max_keep_ckpts=3), logger=dict(interval=1))
 model = dict(backbone=dict(drop_path_rate=0.3))
 """
@@ -132,7 +135,8 @@ train_pipeline = [
     dict(type='RandomCrop', crop_size=crop_size),
     dict(type='PackSegInputs'),
 ]
-train_dataloader = dict(dataset=dict(pipeline=train_pipeline))
+train_dataloader = dict(batch_size=2, num_workers=0, persistent_workers=False,
+                        dataset=dict(data_root=data_root, pipeline=train_pipeline))
 default_hooks = dict(logger=dict(interval=10), checkpoint=dict(interval=1000))
 optim_wrapper = dict(optimizer=dict(lr=2e-3))
 param_scheduler = []
@@ -147,7 +151,7 @@ def run_amp_training(tmp_path, root, iters):
     log = out.stdout + out.stderr
     assert 'BF16AutocastOptimWrapper' in log or 'AmpOptimWrapper' in log
     losses = scalars(tmp_path / 'amp')
-    assert sorted(losses) == list(range(10, iters + 1, 10))
+    assert set(range(10, iters + 1, 10)) <= set(losses)  # logged every 10 (and epoch ends)
     assert all(math.isfinite(v) for v in losses.values())
     return losses
 
