@@ -107,6 +107,19 @@ def test_filter_drops_tail_and_rope_buffers():
                           if not k.startswith('out_norm')}
 
 
+def test_backbone_of_a_whole_segmentor_checkpoint_loads(tmp_path):
+    """A trained segmentor's checkpoint (backbone.* beside decode_head.*) seeds a backbone."""
+    source = NaLaFormer(arch=TINY)
+    state = {f'backbone.{k}': v for k, v in source.state_dict().items()}
+    state['decode_head.conv_seg.weight'] = torch.zeros(6, 64, 1, 1)
+    path = tmp_path / 'segmentor.pth'
+    torch.save({'state_dict': state, 'meta': {}}, path)
+    model = NaLaFormer(arch=TINY, init_cfg=dict(type='Pretrained', checkpoint=str(path)))
+    model.init_weights()
+    for key, value in source.state_dict().items():
+        assert torch.equal(model.state_dict()[key], value), key
+
+
 def test_checkpoint_of_another_variant_fails_loudly(tmp_path):
     _, path = _authors_checkpoint(tmp_path)
     other = dict(TINY, embed_dims=(16, 32, 64, 64))

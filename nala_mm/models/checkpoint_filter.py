@@ -40,8 +40,12 @@ def filter_authors_checkpoint(checkpoint: Mapping, use_ema: bool = False) -> Dic
     """Authors' (or converted) checkpoint -> backbone ``state_dict`` with our key names."""
     if not isinstance(checkpoint, Mapping):
         raise TypeError(f'a checkpoint must be a dict, got {type(checkpoint).__name__}')
+    weights = _unwrap(checkpoint, use_ema)
+    # A whole segmentor/detector checkpoint: its backbone is what a backbone can load.
+    if any(key.startswith('backbone.') for key in weights):
+        weights = {k: v for k, v in weights.items() if k.startswith('backbone.')}
     state = {}
-    for key, value in _unwrap(checkpoint, use_ema).items():
+    for key, value in weights.items():
         for prefix in WRAPPER_PREFIXES:
             if key.startswith(prefix):
                 key = key[len(prefix):]
