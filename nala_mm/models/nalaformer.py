@@ -11,7 +11,6 @@ import torch.utils.checkpoint as cp
 from einops import rearrange
 from mmcv.cnn import build_norm_layer
 from mmcv.cnn.bricks import DropPath
-from mmengine.logging import print_log
 from mmengine.model import BaseModule
 from mmengine.model.weight_init import trunc_normal_
 from torch import Tensor, nn
