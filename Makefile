@@ -3,14 +3,18 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup test demo demo-det bench clean-demo
+.PHONY: setup test test-e2e demo demo-det bench clean-demo
 
 setup:
 	@bash tools/setup_env.sh
 
 # The whole test suite: tiny models, tiny generated data (< 15 min on 2 cores).
 test: setup
-	$(PY) -m pytest tests -q -p no:cacheprovider
+	$(PY) -m pytest tests -q -p no:cacheprovider -m "not slow"
+
+# Both demos end to end with their full schedules, asserting they learn (~20 min on 2 cores).
+test-e2e: setup
+	$(PY) -m pytest tests -q -p no:cacheprovider -m slow
 
 # Main job on the embedded default: synthetic ADE20K-layout data -> UperNet + NaLaFormer -> mIoU.
 demo: setup

@@ -42,6 +42,23 @@ def test_out_indices_select_stages():
     assert not hasattr(model, 'out_norm0') and hasattr(model, 'out_norm3')
 
 
+
+def test_out_norm_off_returns_the_raw_stage_features():
+    torch.manual_seed(0)
+    normed = NaLaFormer(arch=TINY, out_indices=(0, 2)).eval()
+    raw = NaLaFormer(arch=TINY, out_indices=(0, 2), out_norm=False).eval()
+    missing, unexpected = raw.load_state_dict(normed.state_dict(), strict=False)
+    assert missing == [] and sorted(unexpected) == sorted(
+        k for k in normed.state_dict() if k.startswith('out_norm'))
+    image = torch.randn(2, 3, 48, 40)
+    with torch.no_grad():
+        for i, with_norm, without in zip((0, 2), normed(image), raw(image)):
+            assert torch.allclose(with_norm, getattr(normed, f'out_norm{i}')(without), atol=1e-6)
+            # really un-normalised: per-pixel channel statistics are not 0 / 1
+            assert without.std(1).sub(1).abs().mean() > 0.05
+    assert not any('out_norm' in n for n, _ in raw.named_parameters())
+
+
 # Backbone parameters without the classification tail (issue #4), +-0.5 %.
 EXPECTED_PARAMS_M = {'xt': 4.72, 't': 14.36, 's': 24.10, 'b': 50.45, 'l': 93.74}
 
@@ -154,9 +171,10 @@ def test_with_cp_gives_same_outputs_and_gradients():
         assert rel_err(q.grad, p.grad) <= 1e-5, name
 
 
+@pytest.mark.parametrize('out_norm', [True, False])
 @pytest.mark.parametrize('frozen_stages', [0, 2])
-def test_frozen_stages_stay_frozen_and_in_eval(frozen_stages):
-    model = NaLaFormer(arch=TINY, frozen_stages=frozen_stages)
+def test_frozen_stages_stay_frozen_and_in_eval(frozen_stages, out_norm):
+    model = NaLaFormer(arch=TINY, frozen_stages=frozen_stages, out_norm=out_norm)
     model.train()
     frozen = [model.patch_embed] + list(model.layers[:frozen_stages])
     trainable = list(model.layers[frozen_stages:])

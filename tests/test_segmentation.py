@@ -94,8 +94,8 @@ def write_tiny_config(directory, root, iters=2):
     return str(path)
 
 
-def run_tool(*args, cwd=REPO):
-    proc = subprocess.run([PYTHON, *args], cwd=cwd, capture_output=True, text=True, timeout=600,
+def run_tool(*args, cwd=REPO, timeout=600):
+    proc = subprocess.run([PYTHON, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
                           env=dict(os.environ, PYTHONPATH=REPO, PYTHONWARNINGS='ignore'))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout + proc.stderr

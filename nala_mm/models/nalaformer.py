@@ -180,6 +180,10 @@ class NaLaFormer(BaseModule):
         kernel, alpha, lam, tau: passed to every NaLa layer (see ``NormAwareLinearAttention``).
         in_channels: image channels.
         out_indices: stages whose features (before the downsample) are returned.
+        out_norm: pass each returned map through its own LayerNorm ``out_norm{i}`` (as Swin does
+            for pretrained dense prediction). Off returns the raw stage features: a per-pixel
+            LayerNorm discards each position's feature magnitude, and Mask R-CNN trained from
+            scratch then stalls at the class prior (measured: README, detection demo).
         drop_path_rate: stochastic depth, linearly increasing; ``None`` = the variant's.
         frozen_stages: -1 trains all; 0 freezes the stem; i freezes the stem and stages 1..i.
         norm_eval: keep BatchNorm layers in eval mode while training.
@@ -193,7 +197,7 @@ class NaLaFormer(BaseModule):
                  attn_types: Sequence[str] = ('nala', 'nala', 'softmax', 'softmax'),
                  kernel: str = 'cosine', alpha: float = 20.0, lam: float = 3.0,
                  tau: float = 0.5, in_channels: int = 3,
-                 out_indices: Sequence[int] = (0, 1, 2, 3),
+                 out_indices: Sequence[int] = (0, 1, 2, 3), out_norm: bool = True,
                  drop_path_rate: Optional[float] = None, frozen_stages: int = -1,
                  norm_eval: bool = False, with_cp: bool = False,
                  norm_cfg: dict = dict(type='BN', requires_grad=True),
@@ -221,6 +225,7 @@ class NaLaFormer(BaseModule):
         self.in_channels = in_channels
         self.embed_dims = tuple(settings['embed_dims'])
         self.out_indices = out_indices
+        self.out_norm = bool(out_norm)
         self.frozen_stages = frozen_stages
         self.norm_eval = norm_eval
 
@@ -240,7 +245,7 @@ class NaLaFormer(BaseModule):
                 if i < NUM_STAGES - 1 else None
             self.layers.append(NaLaStage(blocks, downsample))
         # Per-output norms, named so they cannot collide with the authors' top-level ``norm.*``.
-        for i in out_indices:
+        for i in out_indices if self.out_norm else ():
             self.add_module(f'out_norm{i}', LayerNorm2d(self.embed_dims[i]))
         self._freeze_stages()
 
@@ -268,7 +273,7 @@ class NaLaFormer(BaseModule):
             return
         frozen = [self.patch_embed] + [self.layers[i] for i in range(self.frozen_stages)]
         frozen += [getattr(self, f'out_norm{i}') for i in range(self.frozen_stages)
-                   if i in self.out_indices]
+                   if i in self.out_indices and self.out_norm]
         for module in frozen:
             module.eval()
             for param in module.parameters():
@@ -296,5 +301,5 @@ class NaLaFormer(BaseModule):
         for i, stage in enumerate(self.layers):
             features, x = stage(x)
             if i in self.out_indices:
-                outs.append(getattr(self, f'out_norm{i}')(features))
+                outs.append(getattr(self, f'out_norm{i}')(features) if self.out_norm else features)
         return tuple(outs)
