@@ -12,7 +12,7 @@ setup:
 test: setup
 	$(PY) -m pytest tests -q -p no:cacheprovider -m "not slow"
 
-# Both demos end to end with their full schedules, asserting they learn (~20 min on 2 cores).
+# Both demos end to end with their full schedules, asserting they learn (~16 min on 2 cores).
 test-e2e: setup
 	$(PY) -m pytest tests -q -p no:cacheprovider -m slow
 

@@ -217,6 +217,7 @@ def test_all_linear_backbone_uses_nala_everywhere():
     (dict(arch=TINY, attn_types=('nala',) * 3), ValueError, 'attn_types'),
     (dict(arch=TINY, out_indices=(0, 4)), ValueError, r'\(0, 4\)'),
     (dict(arch=TINY, frozen_stages=5), ValueError, 'frozen_stages.*5'),
+    (dict(arch=TINY, out_norm='no'), TypeError, "out_norm.*'no'"),
     (dict(arch=3), TypeError, 'int'),
 ])
 def test_bad_arguments_name_the_value(kwargs, error, match):

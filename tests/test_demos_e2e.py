@@ -1,4 +1,4 @@
-"""End-to-end: the two embedded demos learn (``make test-e2e``, ~20 min on 2 cores).
+"""End-to-end: the two embedded demos learn (``make test-e2e``, 15.7 min on 2 cores).
 
 Marked ``slow`` and left out of ``make test``: each trains a full demo schedule. They guard what
 the README promises, and caught the detection stall that a one-iteration smoke test cannot see

@@ -217,6 +217,8 @@ class NaLaFormer(BaseModule):
                              f'{out_indices}')
         if not -1 <= frozen_stages <= NUM_STAGES:
             raise ValueError(f'frozen_stages must be in -1..{NUM_STAGES}, got {frozen_stages}')
+        if not isinstance(out_norm, bool):  # a string such as 'False' would be truthy
+            raise TypeError(f'out_norm must be True or False, got {out_norm!r}')
         if drop_path_rate is None:
             drop_path_rate = settings['drop_path_rate']
 
@@ -225,7 +227,7 @@ class NaLaFormer(BaseModule):
         self.in_channels = in_channels
         self.embed_dims = tuple(settings['embed_dims'])
         self.out_indices = out_indices
-        self.out_norm = bool(out_norm)
+        self.out_norm = out_norm
         self.frozen_stages = frozen_stages
         self.norm_eval = norm_eval
 
