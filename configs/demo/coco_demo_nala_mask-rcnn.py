@@ -45,7 +45,7 @@ val_dataloader = dict(
     batch_size=2, num_workers=1, persistent_workers=True,
     dataset=dict(data_root=data_root, metainfo=metainfo, pipeline=test_pipeline))
 test_dataloader = val_dataloader
-val_evaluator = dict(ann_file=data_root + 'annotations/instances_val2017.json')
+val_evaluator = dict(ann_file=data_root + 'annotations/instances_val2017.json', classwise=True)
 test_evaluator = val_evaluator
 
 max_epochs = 24
