@@ -83,6 +83,16 @@ def test_mask_rcnn_trains_and_evaluates_ap_with_compiled_ops(tmp_path, tiny_coco
 
 
 
+
+def test_config_runs_under_mmdets_own_train_script(tmp_path, tiny_coco):
+    """Nothing of tools/train.py is needed: mmdet's packaged train script runs the config."""
+    import mmdet
+    script = osp.join(osp.dirname(mmdet.__file__), '.mim', 'tools', 'train.py')
+    log = run_tool(script, write_tiny_det_config(tmp_path, tiny_coco), '--work-dir',
+                   str(tmp_path / 'upstream'), cwd=str(tmp_path))
+    assert re.search(r'Epoch\(train\) \[1\]\[1/1\].*loss_mask: [\d.]+', log)
+    assert (tmp_path / 'upstream' / 'epoch_1.pth').is_file()
+
 TINY_RETINANET = """
 _base_ = ['{base}']
 data_root = '{root}/'
