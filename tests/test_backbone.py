@@ -42,7 +42,6 @@ def test_out_indices_select_stages():
     assert not hasattr(model, 'out_norm0') and hasattr(model, 'out_norm3')
 
 
-
 def test_out_norm_off_returns_the_raw_stage_features():
     torch.manual_seed(0)
     normed = NaLaFormer(arch=TINY, out_indices=(0, 2)).eval()

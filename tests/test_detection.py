@@ -82,8 +82,6 @@ def test_mask_rcnn_trains_and_evaluates_ap_with_compiled_ops(tmp_path, tiny_coco
     assert (tmp_path / 'dets.pkl').is_file()
 
 
-
-
 def test_config_runs_under_mmdets_own_train_script(tmp_path, tiny_coco):
     """Nothing of tools/train.py is needed: mmdet's packaged train script runs the config."""
     import mmdet
@@ -92,6 +90,7 @@ def test_config_runs_under_mmdets_own_train_script(tmp_path, tiny_coco):
                    str(tmp_path / 'upstream'), cwd=str(tmp_path))
     assert re.search(r'Epoch\(train\) \[1\]\[1/1\].*loss_mask: [\d.]+', log)
     assert (tmp_path / 'upstream' / 'epoch_1.pth').is_file()
+
 
 TINY_RETINANET = """
 _base_ = ['{base}']

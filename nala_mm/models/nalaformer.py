@@ -246,9 +246,11 @@ class NaLaFormer(BaseModule):
             downsample = Downsample(self.embed_dims[i], self.embed_dims[i + 1], norm_cfg) \
                 if i < NUM_STAGES - 1 else None
             self.layers.append(NaLaStage(blocks, downsample))
-        # Per-output norms, named so they cannot collide with the authors' top-level ``norm.*``.
-        for i in out_indices if self.out_norm else ():
-            self.add_module(f'out_norm{i}', LayerNorm2d(self.embed_dims[i]))
+        # Per-output norms, named so they cannot collide with the authors' top-level ``norm.*``;
+        # parameter-free identities when off, so loading, freezing and forward stay one path.
+        for i in out_indices:
+            self.add_module(f'out_norm{i}',
+                            LayerNorm2d(self.embed_dims[i]) if out_norm else nn.Identity())
         self._freeze_stages()
 
     # ------------------------------------------------------------------ init and loading
@@ -275,7 +277,7 @@ class NaLaFormer(BaseModule):
             return
         frozen = [self.patch_embed] + [self.layers[i] for i in range(self.frozen_stages)]
         frozen += [getattr(self, f'out_norm{i}') for i in range(self.frozen_stages)
-                   if i in self.out_indices and self.out_norm]
+                   if i in self.out_indices]
         for module in frozen:
             module.eval()
             for param in module.parameters():
@@ -303,5 +305,5 @@ class NaLaFormer(BaseModule):
         for i, stage in enumerate(self.layers):
             features, x = stage(x)
             if i in self.out_indices:
-                outs.append(getattr(self, f'out_norm{i}')(features) if self.out_norm else features)
+                outs.append(getattr(self, f'out_norm{i}')(features))
         return tuple(outs)
