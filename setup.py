@@ -13,7 +13,7 @@ setup(
     # mmcv is deliberately not listed: pip would build it from source *without* its compiled
     # ops (RoIAlign, NMS). Install it with `make setup` or as the README explains.
     install_requires=[
-        'torch>=2.1',
+        'torch>=2.4',  # torch.serialization.add_safe_globals (weights-only Runner checkpoints)
         'mmengine==0.10.7',
         'mmsegmentation==1.2.2',
         'mmdet==3.3.0',
@@ -25,6 +25,8 @@ setup(
         'matplotlib',
         'tqdm',
     ],
-    extras_require={'tests': ['pytest', 'hypothesis']},
+    extras_require={'tests': ['pytest', 'hypothesis'],
+                    # tools/export_onnx.py and benchmarks/deploy.py
+                    'deploy': ['onnx', 'onnxruntime', 'onnxscript']},
     license='Apache-2.0',
 )

@@ -1,9 +1,11 @@
 """2D rotary position embedding on per-head features (spec §1.4).
 
 A head of width ``d`` holds ``d/2`` channel pairs ``(2i, 2i+1)``: the first ``d/4`` pairs rotate
-by ``row * f_i``, the last ``d/4`` by ``col * f_i``, with ``f_i = base^(-i / (d/4))``. A feature
-of width ``D = n * d`` (NaLa's 2d-wide features) is rotated one d-wide chunk at a time with the
-same table.
+by ``row * f_i``, the last ``d/4`` by ``col * f_i``. The released model's frequencies are
+``f_i = base^(-i / (d/4 - 1))``, i = 0..d/4-1 (its exponent is ``linspace(0, 1, d/4)``: the first
+is 1, the last exactly ``1/base``), not the common ``base^(-i / (d/4))``; its checkpoints store
+them, each repeated for its pair, as ``layers.{i}.RoPE.angle``. A feature of width ``D = n * d``
+(NaLa's 2d-wide features) is rotated one d-wide chunk at a time with the same table.
 """
 from typing import Tuple
 
@@ -12,11 +14,22 @@ from torch import Tensor
 
 
 def rope_frequencies(head_dim: int, base: float = 10000.0) -> Tensor:
-    """The ``d/4`` frequencies of one axis (what the authors keep as ``RoPE.angle``)."""
-    if head_dim % 4 != 0:
-        raise ValueError(f'2D RoPE needs a head dim divisible by 4, got head_dim={head_dim}')
+    """The ``d/4`` released frequencies of one axis, ``base^(-i / (d/4 - 1))``.
+
+    With ``d/4 = 1`` the single frequency is 1 (the released ``linspace(0, 1, 1)`` is ``[0]``).
+    """
+    if head_dim <= 0 or head_dim % 4 != 0:
+        raise ValueError(f'2D RoPE needs a positive head dim divisible by 4, got '
+                         f'head_dim={head_dim}')
     quarter = head_dim // 4
-    return 1.0 / (base ** (torch.arange(quarter, dtype=torch.float32) / quarter))
+    exponents = torch.arange(quarter, dtype=torch.float64) / max(quarter - 1, 1)
+    return (1.0 / base ** exponents).float()
+
+
+def rope_angle_buffer(head_dim: int, base: float = 10000.0) -> Tensor:
+    """The released checkpoints' ``RoPE.angle`` layout: each frequency repeated for its pair,
+    ``(d/2,)``."""
+    return rope_frequencies(head_dim, base).repeat_interleave(2)
 
 
 def rope_angles(height: int, width: int, frequencies: Tensor) -> Tensor:
