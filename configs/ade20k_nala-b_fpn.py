@@ -1,3 +1,4 @@
-# NaLaFormer-B + Semantic FPN, ADE20K 512x512, 80k.
-_base_ = ['./_base_/nala_fpn.py']
-model = dict(backbone=dict(arch='b'), neck=dict(in_channels=[96, 192, 384, 512]))
+# NaLaFormer-B + Semantic FPN, ADE20K 512x512, 80k, from the authors' ImageNet weights.
+_base_ = ['./_base_/nala_fpn.py', './_base_/nala_pretrained.py']
+model = dict(backbone=dict(arch='b', init_cfg=dict(type='Pretrained', checkpoint={{_base_.nala_checkpoints.b}})),
+             neck=dict(in_channels=[96, 192, 384, 512]))

@@ -1,5 +1,6 @@
-# NaLaFormer-T + Mask R-CNN, COCO 3x: 36 epochs, multi-scale training (short side 480-800).
-_base_ = ['./_base_/nala_mask-rcnn_1x.py']
+# NaLaFormer-T + Mask R-CNN, COCO 3x: 36 epochs, multi-scale training (short side 480-800), from
+# the authors' ImageNet weights as the 1x config.
+_base_ = ['./coco_nala_mask-rcnn_1x.py']
 train_pipeline = [
     dict(type='LoadImageFromFile', backend_args={{_base_.backend_args}}),
     dict(type='LoadAnnotations', with_bbox=True, with_mask=True),

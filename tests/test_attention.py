@@ -74,6 +74,17 @@ def test_layer_fast_matches_reference_including_parameter_gradients(kernel):
         assert rel_err(p_fast.grad, p_ref.grad) <= 1e-5, name
 
 
+@pytest.mark.parametrize('kernel', ['cosine', 'relu'])
+def test_fast_path_refuses_double_backward(kernel):
+    """The hand-written backward has no derivative of its own: second-order gradients (e.g. a
+    gradient penalty) must fail loudly, not come back silently wrong."""
+    q, k, v = qkv((1, 1, 12, 8), seed=6)
+    out = nala_attention(q, k, v, NaLaConfig(kernel=kernel), rope_table(3, 4, 8))
+    (grad_q,) = torch.autograd.grad(out.square().sum(), q, create_graph=True)
+    with pytest.raises(RuntimeError, match='once_differentiable|differentiate twice'):
+        grad_q.sum().backward()
+
+
 def test_released_op_sequence_matches_relu_kernel():
     height, width, head_dim = 4, 6, 8
     q, k, v = qkv((1, 2, height * width, head_dim), seed=3)

@@ -1,13 +1,15 @@
 """NaLaFormer backbone: shapes, authors' checkpoints, parameter counts, training controls."""
 import math
+import os.path as osp
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from nala_mm.models import ARCH_SETTINGS, NaLaFormer, filter_authors_checkpoint
-from tests.authors_layout_model import AuthorsNaLaFormer
+from tests.released_nalaformer import RoPE, ReleasedNaLaFormer, released_frequencies
 
+REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 TINY = dict(embed_dims=(16, 32, 48, 64), depths=(1, 1, 2, 1), num_heads=(1, 2, 4, 4),
             mlp_ratios=(2, 2, 2, 2))
 
@@ -70,45 +72,152 @@ def test_parameter_counts_match_the_released_variants(arch):
     assert count / 1e6 == pytest.approx(EXPECTED_PARAMS_M[arch], rel=5e-3)
 
 
-def _authors_checkpoint(tmp_path, key='model', prefix=''):
-    torch.manual_seed(0)
-    authors = AuthorsNaLaFormer(TINY['embed_dims'], TINY['depths'], TINY['num_heads'], 2.0)
-    # non-trivial BN statistics and LayerScale so that a missed tensor changes the output
-    for module in authors.modules():
-        if isinstance(module, torch.nn.BatchNorm2d):
-            module.running_mean.uniform_(-0.5, 0.5)
-            module.running_var.uniform_(0.5, 2.0)
-    for name, param in authors.named_parameters():
-        if name.endswith(('gamma_1', 'gamma_2')):
-            param.data.uniform_(0.5, 1.5)
-    state = {prefix + k: v for k, v in authors.state_dict().items()}
-    path = tmp_path / 'authors.pth'
-    torch.save({key: state, 'epoch': 299}, path)
-    return authors.eval(), path
+@pytest.mark.parametrize('head_dim', [4, 8, 12, 16, 32, 64])
+def test_rope_tables_use_the_released_frequencies(head_dim):
+    """d/4 = 1 included: the released linspace(0, 1, 1) gives the single frequency 1."""
+    from nala_mm.ops import rope_angle_buffer, rope_frequencies, rope_table
+    reference = RoPE(head_dim)
+    assert torch.allclose(rope_frequencies(head_dim), released_frequencies(head_dim), rtol=1e-6)
+    assert torch.allclose(rope_angle_buffer(head_dim), reference.angle, rtol=1e-6)
+    assert rope_frequencies(head_dim)[-1].item() == pytest.approx(1e-4 if head_dim > 4 else 1.0)
+    sin, cos = reference(5, 7)  # (N, d): every channel of a pair carries the pair's angle
+    ours_cos, ours_sin = rope_table(5, 7, head_dim)  # (N, d/2): one entry per pair
+    assert torch.allclose(ours_cos, cos[:, 0::2], atol=1e-6)
+    assert torch.allclose(ours_sin, sin[:, 1::2], atol=1e-6)
 
 
-@pytest.mark.parametrize('prefix, out_norm', [('', True), ('module.', True), ('', False)])
-def test_authors_checkpoint_loads_and_reproduces_stage_features(tmp_path, prefix, out_norm):
-    authors, path = _authors_checkpoint(tmp_path, prefix=prefix)
-    model = NaLaFormer(arch=TINY, kernel='relu', out_norm=out_norm,
-                       init_cfg=dict(type='Pretrained', checkpoint=str(path)))
-    model.init_weights()
-    model.eval()
-    x = torch.randn(2, 3, 61, 77)
+def released_model(arch: dict, flags: str = 'llvv', seed: int = 0) -> ReleasedNaLaFormer:
+    """The independent transcription (tests/released_nalaformer.py) at ``arch``'s sizes."""
+    torch.manual_seed(seed)
+    model = ReleasedNaLaFormer(arch['embed_dims'], arch['depths'], arch['num_heads'],
+                               arch['mlp_ratios'][0], flags=flags,
+                               layer_scales=arch.get('layer_scale_init_values', (1.0,) * 4))
+    return model.randomise_statistics(seed).eval()
+
+
+def save_released(model: ReleasedNaLaFormer, path, key: str = 'model', prefix: str = '',
+                  **extra) -> str:
+    state = {prefix + k: v for k, v in model.state_dict().items()}
+    torch.save({key: state, 'epoch': 299, **extra}, path)
+    return str(path)
+
+
+def reference_outputs(released: ReleasedNaLaFormer, image, out_norm: bool, indices=(0, 1, 2, 3)):
     with torch.no_grad():
-        ours = model(x)
-        theirs = authors.stage_features(x)
-    for out, ref in zip(ours, theirs):
-        if out_norm:
+        features = released.stage_features(image)
+    outs = []
+    for i in indices:
+        ref = features[i]
+        if out_norm:  # a fresh out_norm{i}: LayerNorm over channels, unit weight, zero bias
             ref = F.layer_norm(ref.permute(0, 2, 3, 1), ref.shape[1:2], eps=1e-6).permute(
                 0, 3, 1, 2)
+        outs.append(ref)
+    return outs
+
+
+def loaded_backbone(path: str, **kwargs) -> NaLaFormer:
+    model = NaLaFormer(init_cfg=dict(type='Pretrained', checkpoint=path), **kwargs)
+    model.init_weights()
+    return model.eval()
+
+
+# head dim 4 in stage 1 (d/4 = 1: a single RoPE frequency) and 12 in stage 3
+TINY_D4 = dict(embed_dims=(16, 32, 48, 64), depths=(1, 1, 1, 1), num_heads=(4, 2, 4, 4),
+               mlp_ratios=(2, 2, 2, 2))
+
+
+@pytest.mark.parametrize('arch, flags', [(TINY, 'llvv'), (TINY, 'llll'), (TINY_D4, 'llvv')],
+                         ids=['tiny-hybrid', 'tiny-all-linear', 'head-dim-4-hybrid'])
+@pytest.mark.parametrize('size', [(64, 64), (61, 77)], ids=['square', 'odd'])
+def test_released_checkpoint_reproduces_the_released_stage_features(tmp_path, arch, flags, size):
+    released = released_model(arch, flags)
+    path = save_released(released, tmp_path / 'released.pth')
+    attn_types = tuple('nala' if f == 'l' else 'softmax' for f in flags)
+    model = loaded_backbone(path, arch=arch, attn_types=attn_types, kernel='relu', out_norm=False)
+    image = torch.randn(2, 3, *size)
+    with torch.no_grad():
+        ours = model(image)
+    for out, ref in zip(ours, reference_outputs(released, image, out_norm=False)):
         assert rel_err(out, ref) <= 1e-5
 
 
+@pytest.mark.parametrize('prefix', ['module.', 'backbone.', 'module.backbone.'])
+def test_wrapped_checkpoints_load_their_backbone(tmp_path, prefix):
+    """DDP (module.), whole segmentor/detector (backbone.) and both, heads left out."""
+    released = released_model(TINY)
+    state = {prefix + k: v for k, v in released.state_dict().items()}
+    if 'backbone' in prefix:
+        state[prefix.replace('backbone.', 'decode_head.') + 'conv_seg.weight'] = torch.zeros(6, 64,
+                                                                                           1, 1)
+    path = tmp_path / 'wrapped.pth'
+    torch.save({'state_dict': state, 'meta': {}}, path)
+    model = loaded_backbone(str(path), arch=TINY, kernel='relu', out_norm=False)
+    image = torch.randn(1, 3, 40, 56)
+    with torch.no_grad():
+        for out, ref in zip(model(image), reference_outputs(released, image, out_norm=False)):
+            assert rel_err(out, ref) <= 1e-5
+
+
+def test_checkpoint_with_other_rope_frequencies_is_refused(tmp_path):
+    released = released_model(TINY)
+    common = 1.0 / 10000 ** (torch.arange(4) / 4)  # the usual i/(d/4), not the released formula
+    released.layers[0].RoPE.angle.copy_(common.repeat_interleave(2))
+    path = save_released(released, tmp_path / 'drifted.pth')
+    model = NaLaFormer(arch=TINY, kernel='relu',
+                       init_cfg=dict(type='Pretrained', checkpoint=path))
+    before = model.layers[0].blocks[0].attn.qkvg.weight.clone()
+    with pytest.raises(ValueError, match=r'RoPE frequencies stored for stage 0 \(layers\.0\.RoPE'
+                                         r'\.angle\) differ .* by up to 9') as err:
+        model.init_weights()
+    assert 'drifted.pth' in str(err.value)
+    assert torch.equal(model.layers[0].blocks[0].attn.qkvg.weight, before)  # nothing loaded
+
+
+def test_checkpoint_rope_of_another_head_dim_is_refused(tmp_path):
+    released = released_model(TINY)
+    path = save_released(released, tmp_path / 'released.pth')
+    other = dict(TINY, num_heads=(2, 2, 4, 4))  # stage 1 head dim 8 instead of 16
+    model = NaLaFormer(arch=other, init_cfg=dict(type='Pretrained', checkpoint=path))
+    with pytest.raises(ValueError, match=r'layers\.0\.RoPE\.angle has shape \(8,\).*\(4,\)'):
+        model.init_weights()
+
+
+class LogRecords:
+    """Collects what mmengine's current logger emits (it does not propagate to pytest)."""
+
+    def __enter__(self):
+        import logging
+        from mmengine.logging import MMLogger
+        self.records, self.logger = [], MMLogger.get_current_instance()
+        self.handler = logging.Handler()
+        self.handler.emit = self.records.append
+        self.logger.addHandler(self.handler)
+        return self
+
+    def __exit__(self, *exc):
+        self.logger.removeHandler(self.handler)
+
+    def messages(self, level: int):
+        return [r.getMessage() for r in self.records if r.levelno == level]
+
+
+def test_released_weights_into_cosine_kernel_warn_what_differs(tmp_path):
+    path = save_released(released_model(TINY), tmp_path / 'released.pth')
+    with LogRecords() as log:
+        loaded_backbone(path, arch=TINY, kernel='cosine')
+    warnings = log.messages(30)
+    assert len(warnings) == 1
+    assert "2 NaLa layers here use kernel='cosine'" in warnings[0]
+    assert "set kernel='relu'" in warnings[0]
+    with LogRecords() as log:
+        loaded_backbone(path, arch=TINY, kernel='relu')
+    assert log.messages(30) == []
+    assert any('RoPE frequencies checked for 4 stages' in m for m in log.messages(20))
+
+
 def test_ema_weights_are_chosen_on_request(tmp_path):
-    authors, _ = _authors_checkpoint(tmp_path)
-    state = authors.state_dict()
-    ema = {k: v + 1 if v.is_floating_point() else v for k, v in state.items()}
+    state = released_model(TINY).state_dict()
+    ema = {k: v + 1 if v.is_floating_point() and 'RoPE' not in k else v for k, v in state.items()}
     path = tmp_path / 'with_ema.pth'
     torch.save({'model': state, 'model_ema': ema}, path)
     model = NaLaFormer(arch=TINY, init_cfg=dict(type='Pretrained', checkpoint=str(path),
@@ -118,38 +227,25 @@ def test_ema_weights_are_chosen_on_request(tmp_path):
 
 
 def test_filter_drops_tail_and_rope_buffers():
-    authors = AuthorsNaLaFormer(TINY['embed_dims'], TINY['depths'], TINY['num_heads'], 2.0)
-    state = filter_authors_checkpoint({'model': authors.state_dict()})
+    released = released_model(TINY)
+    state = filter_authors_checkpoint({'model': released.state_dict()})
     assert not [k for k in state if k.startswith(('proj.', 'norm.', 'head.')) or 'RoPE' in k]
     assert set(state) == {k for k in NaLaFormer(arch=TINY).state_dict()
                           if not k.startswith('out_norm')}
 
 
-def test_backbone_of_a_whole_segmentor_checkpoint_loads(tmp_path):
-    """A trained segmentor's checkpoint (backbone.* beside decode_head.*) seeds a backbone."""
-    source = NaLaFormer(arch=TINY)
-    state = {f'backbone.{k}': v for k, v in source.state_dict().items()}
-    state['decode_head.conv_seg.weight'] = torch.zeros(6, 64, 1, 1)
-    path = tmp_path / 'segmentor.pth'
-    torch.save({'state_dict': state, 'meta': {}}, path)
-    model = NaLaFormer(arch=TINY, init_cfg=dict(type='Pretrained', checkpoint=str(path)))
-    model.init_weights()
-    for key, value in source.state_dict().items():
-        assert torch.equal(model.state_dict()[key], value), key
-
-
 def test_checkpoint_of_another_variant_fails_loudly(tmp_path):
-    _, path = _authors_checkpoint(tmp_path)
+    path = save_released(released_model(TINY), tmp_path / 'released.pth')
     other = dict(TINY, embed_dims=(16, 32, 64, 64))
-    model = NaLaFormer(arch=other, init_cfg=dict(type='Pretrained', checkpoint=str(path)))
+    model = NaLaFormer(arch=other, init_cfg=dict(type='Pretrained', checkpoint=path))
     with pytest.raises(ValueError, match=r'mis-shaped tensors: .*layers\.2') as err:
         model.init_weights()
-    assert str(path) in str(err.value)
+    assert path in str(err.value)
 
 
 def test_checkpoint_missing_backbone_keys_fails_listing_them(tmp_path):
-    authors, _ = _authors_checkpoint(tmp_path)
-    state = {k: v for k, v in authors.state_dict().items() if not k.startswith('layers.3.')}
+    state = {k: v for k, v in released_model(TINY).state_dict().items()
+             if not k.startswith('layers.3.')}
     path = tmp_path / 'partial.pth'
     torch.save({'model': state}, path)
     model = NaLaFormer(arch=TINY, init_cfg=dict(type='Pretrained', checkpoint=str(path)))
@@ -220,6 +316,8 @@ def test_all_linear_backbone_uses_nala_everywhere():
     (dict(arch=TINY, frozen_stages=5), ValueError, 'frozen_stages.*5'),
     (dict(arch=TINY, out_norm='no'), TypeError, "out_norm.*'no'"),
     (dict(arch=3), TypeError, 'int'),
+    # a typo must not silently fall back to the default ratio
+    (dict(arch=dict(TINY, mlp_ratio=(3, 3, 3, 3))), ValueError, r"unknown keys \['mlp_ratio'\]"),
 ])
 def test_bad_arguments_name_the_value(kwargs, error, match):
     with pytest.raises(error, match=match):
@@ -247,11 +345,15 @@ def test_builds_under_default_scope(scope):
 def test_convert_tool_writes_a_loadable_backbone_checkpoint(tmp_path):
     import subprocess
     import sys
-    # the tool verifies against a named variant: write a real-size XT file in the authors' layout
+    # the tool verifies against a named variant: a real-size XT file in the released layout
     xt = ARCH_SETTINGS['xt']
-    big = AuthorsNaLaFormer(xt['embed_dims'], xt['depths'], xt['num_heads'], xt['mlp_ratios'][0])
+    released = released_model(xt, flags='llvv')
+    model_state = released.state_dict()
+    # EMA weights that differ from the plain ones, so picking the wrong entry is visible
+    ema_state = {k: v + 0.5 if v.is_floating_point() and 'RoPE' not in k else v
+                 for k, v in model_state.items()}
     src = tmp_path / 'xt.pth'
-    torch.save({'model': big.state_dict(), 'model_ema': big.state_dict()}, src)
+    torch.save({'model': model_state, 'model_ema': ema_state}, src)
     dst = tmp_path / 'xt_backbone.pth'
     proc = subprocess.run([sys.executable, 'tools/convert_checkpoint.py', str(src), str(dst),
                            '--arch', 'xt', '--ema'], capture_output=True, text=True)
@@ -259,7 +361,81 @@ def test_convert_tool_writes_a_loadable_backbone_checkpoint(tmp_path):
     converted = torch.load(dst, weights_only=True)
     assert set(converted) == {'state_dict', 'meta'} and converted['meta']['ema'] is True
     assert not any(k.startswith(('head.', 'proj.', 'norm.')) for k in converted['state_dict'])
-    model = NaLaFormer(arch='xt', init_cfg=dict(type='Pretrained', checkpoint=str(dst)))
+    # the RoPE frequencies travel along, so loading the converted file checks them too
+    assert torch.equal(converted['state_dict']['layers.3.RoPE.angle'],
+                       model_state['layers.3.RoPE.angle'])
+    model = NaLaFormer(arch='xt', kernel='relu',
+                       init_cfg=dict(type='Pretrained', checkpoint=str(dst)))
     model.init_weights()
-    assert torch.equal(model.layers[3].blocks[1].attn.qkvg.weight,
-                       big.layers[3].blocks[1].attn.qkvg.weight)
+    key = 'layers.3.blocks.1.attn.qkvg.weight'
+    assert torch.equal(model.state_dict()[key], ema_state[key])
+    assert not torch.equal(model.state_dict()[key], model_state[key])
+
+
+FLAGSHIPS = [('ade20k_nala_upernet.py', 'llvv'), ('coco_nala_mask-rcnn_1x.py', 'llvv'),
+             ('ade20k_nala-t-linear_upernet.py', 'llll')]
+
+
+def flagship_backbone(config: str, checkpoint: str = None) -> NaLaFormer:
+    """The backbone exactly as a full-scale config defines it (SyncBN run as BN in one process),
+    with its checkpoint path replaced when given."""
+    from mmengine.config import Config
+    from mmengine.model import revert_sync_batchnorm
+    from mmengine.registry import MODELS
+    cfg = Config.fromfile(osp.join(REPO, 'configs', config)).model.backbone
+    if checkpoint is not None:
+        cfg.init_cfg.checkpoint = checkpoint
+    return revert_sync_batchnorm(MODELS.build(cfg))
+
+
+@pytest.mark.parametrize('config, flags', FLAGSHIPS, ids=[c for c, _ in FLAGSHIPS])
+def test_flagship_configs_reproduce_the_released_model(tmp_path, config, flags):
+    """NaLaFormer-T built by the full-scale configs from a released-layout T checkpoint equals
+    the independent transcription at 224^2 and at an odd, non-square size."""
+    released = released_model(ARCH_SETTINGS['t'], flags)
+    path = save_released(released, tmp_path / 'nalaformer_t.pth')
+    model = flagship_backbone(config, path)
+    assert model.init_cfg['type'] == 'Pretrained'
+    model.init_weights()
+    model.eval()
+    assert model.out_norm  # the configs normalise each output (Swin's convention)
+    for size in ((224, 224), (161, 237)):
+        image = torch.randn(1, 3, *size)
+        with torch.no_grad():
+            ours = model(image)
+        for out, ref in zip(ours, reference_outputs(released, image, out_norm=True)):
+            assert rel_err(out, ref) <= 1e-4, size
+
+
+@pytest.mark.parametrize('config', ['ade20k_nala_upernet.py', 'coco_nala_mask-rcnn_1x.py'])
+def test_missing_pretrained_checkpoint_says_where_and_how_to_train_from_scratch(config):
+    from mmengine.config import Config, DictAction
+    model = flagship_backbone(config)
+    expected = Config.fromfile(osp.join(REPO, 'configs', '_base_', 'nala_pretrained.py'))
+    assert model.init_cfg['checkpoint'] == expected.nala_checkpoints['t']
+    with pytest.raises(FileNotFoundError) as err:
+        model.init_weights()
+    message = str(err.value)
+    assert "'checkpoints/nalaformer_t.pth'" in message and 'NaLaFormer-T' in message
+    assert 'tools/convert_checkpoint.py' in message and 'configs/_base_/nala_pretrained.py' in message
+    scratch = message.split('--cfg-options ')[-1].split()
+    # detection freezes the stem and keeps BN statistics: meaningless from random weights
+    if config.startswith('coco'):
+        assert scratch == ['model.backbone.init_cfg=None', 'model.backbone.frozen_stages=-1',
+                           'model.backbone.norm_eval=False']
+    else:
+        assert scratch == ['model.backbone.init_cfg=None']
+    # the printed options really train from scratch: parse them as tools/train.py does
+    import argparse
+    parser = argparse.ArgumentParser()
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction)
+    options = parser.parse_args(['--cfg-options', *scratch]).cfg_options
+    cfg = Config.fromfile(osp.join(REPO, 'configs', config))
+    cfg.merge_from_dict(options)
+    from mmengine.model import revert_sync_batchnorm
+    from mmengine.registry import MODELS
+    scratch_model = revert_sync_batchnorm(MODELS.build(cfg.model.backbone))
+    scratch_model.init_weights()  # no file needed
+    scratch_model.train()
+    assert all(p.requires_grad for p in scratch_model.parameters())
+    assert all(m.training for m in scratch_model.modules())

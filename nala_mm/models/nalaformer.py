@@ -3,7 +3,8 @@
 Module names follow the authors' classification code (spec §3) so their checkpoints load after
 :func:`nala_mm.models.checkpoint_filter.filter_authors_checkpoint` drops the classification tail.
 """
-from typing import Dict, Optional, Sequence, Tuple, Union
+import os.path as osp
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -16,9 +17,10 @@ from mmengine.model.weight_init import trunc_normal_
 from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from ..ops import rope_angle_buffer
 from ..registry import register_model
 from .attention import NormAwareLinearAttention, SoftmaxAttention
-from .checkpoint_filter import load_authors_checkpoint
+from .checkpoint_filter import load_authors_checkpoint, missing_checkpoint_message
 
 # Variants as data (spec §2 table).
 ARCH_SETTINGS: Dict[str, dict] = {
@@ -48,6 +50,10 @@ def resolve_arch(arch: Union[str, dict]) -> dict:
         return dict(ARCH_SETTINGS[arch.lower()])
     if not isinstance(arch, dict):
         raise TypeError(f'arch must be a str or dict, got {type(arch).__name__}')
+    unknown = sorted(set(arch) - set(PER_STAGE_KEYS) - {'drop_path_rate'})
+    if unknown:  # e.g. 'mlp_ratio' for 'mlp_ratios' would otherwise fall back to a default
+        raise ValueError(f'arch dict has unknown keys {unknown}; expected keys '
+                         f"{PER_STAGE_KEYS + ('drop_path_rate',)}")
     settings = dict(arch)
     settings.setdefault('mlp_ratios', (4.0,) * NUM_STAGES)
     settings.setdefault('layer_scale_init_values', (1.0,) * NUM_STAGES)
@@ -223,6 +229,7 @@ class NaLaFormer(BaseModule):
             drop_path_rate = settings['drop_path_rate']
 
         self.arch_settings = settings
+        self.variant = arch.upper() if isinstance(arch, str) else 'custom'
         self.attn_types = attn_types
         self.in_channels = in_channels
         self.embed_dims = tuple(settings['embed_dims'])
@@ -256,8 +263,11 @@ class NaLaFormer(BaseModule):
     # ------------------------------------------------------------------ init and loading
     def init_weights(self) -> None:
         if self.init_cfg is not None and self.init_cfg.get('type') == 'Pretrained':
-            load_authors_checkpoint(self, self.init_cfg['checkpoint'],
-                                    use_ema=self.init_cfg.get('use_ema', False))
+            path = self.init_cfg['checkpoint']
+            if '://' not in str(path) and not osp.isfile(path):  # local paths only
+                raise FileNotFoundError(missing_checkpoint_message(
+                    path, self.variant, self._from_scratch_overrides()))
+            load_authors_checkpoint(self, path, use_ema=self.init_cfg.get('use_ema', False))
             return
         if self.init_cfg is not None:
             super().init_weights()
@@ -270,6 +280,29 @@ class NaLaFormer(BaseModule):
             elif isinstance(module, nn.LayerNorm):
                 nn.init.ones_(module.weight)
                 nn.init.zeros_(module.bias)
+
+    def _from_scratch_overrides(self) -> List[str]:
+        """Options that undo what only makes sense on top of pretrained weights: a frozen,
+        randomly initialised stem or BN statistics that never leave their initial values."""
+        overrides = []
+        if self.frozen_stages >= 0:
+            overrides.append('model.backbone.frozen_stages=-1')
+        if self.norm_eval:
+            overrides.append('model.backbone.norm_eval=False')
+        return overrides
+
+    def rope_angle_buffers(self) -> List[Tensor]:
+        """Per stage, the RoPE frequencies this backbone rebuilds, in the released checkpoints'
+        ``layers.{i}.RoPE.angle`` layout (each repeated for its channel pair)."""
+        buffers = []
+        for stage in self.layers:
+            attn = stage.blocks[0].attn
+            buffers.append(rope_angle_buffer(attn.head_dims, attn.rope_base))
+        return buffers
+
+    def nala_layers_with_kernel(self, kernel: str) -> List[nn.Module]:
+        return [m for m in self.modules()
+                if isinstance(m, NormAwareLinearAttention) and m.cfg.kernel == kernel]
 
     # ------------------------------------------------------------------ training-mode control
     def _freeze_stages(self) -> None:

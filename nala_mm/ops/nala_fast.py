@@ -20,6 +20,7 @@ from typing import Iterator, Optional, Tuple
 
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from .nala_reference import NORM_FLOOR, NaLaConfig
 from .rope2d import apply_rope, rope_phasor
@@ -179,6 +180,9 @@ class _NaLaFunction(torch.autograd.Function):
         return out
 
     @staticmethod
+    # The hand-written backward is not differentiable itself: refuse double backward rather
+    # than return silently wrong second-order gradients.
+    @once_differentiable
     def backward(ctx, d_out: Tensor):
         q, k, v, phasor, key_mean, state, normaliser = ctx.saved_tensors
         cfg, chunk = ctx.cfg, ctx.chunk
