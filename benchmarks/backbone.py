@@ -5,9 +5,9 @@ Batch 1, eval mode (BatchNorm on running statistics, no DropPath) for both measu
 forward is the same one: ``fwd`` under ``torch.no_grad``, and with ``--backward`` also
 ``fwd_bwd`` (forward, then backward of the sum of the four outputs; parameter gradients count
 in its memory). At 1056 x 1056 the stride-4 stage holds 264^2 = ~70K tokens. The released-style
-model is the all-linear one with the relu kernel whose NaLa layers run
+model is the all-linear one whose mixers run
 :func:`nala_mm.ops.nala_released.nala_attention_released` (separate ReLU copies, concatenations,
-four RoPE calls) instead of the fast path. Measuring, processes and outputs as in
+four RoPE calls) instead of the fast path, through the registered ``ReleasedNaLaAttention``. Measuring, processes and outputs as in
 benchmarks/segmentor.py. Results: benchmarks/results/backbone.{json,md,png}.
 
     python benchmarks/backbone.py                        # forward, 224 448 896 1056
@@ -20,6 +20,9 @@ from typing import Dict
 import torch
 from torch import nn
 
+from nala_mm.models import GatedAttention
+from nala_mm.ops.nala_released import nala_attention_released
+from nala_mm.registry import register_model
 from segmentor import Step, cli
 
 LINEAR = ('nala', 'nala', 'nala', 'nala')
@@ -31,18 +34,13 @@ BACKBONES: Dict[str, dict] = {
 }
 
 
-def use_released_attention(backbone: nn.Module) -> None:
-    """Swap every NaLa layer's token mixing for the released op sequence (relu kernel)."""
-    from nala_mm.models import NormAwareLinearAttention
-    from nala_mm.ops.nala_released import nala_attention_released
-    for module in backbone.modules():
-        if isinstance(module, NormAwareLinearAttention):
-            if module.cfg.kernel != 'relu':
-                raise ValueError('the released op sequence computes the relu kernel only')
-            cfg = module.cfg
-            # an instance attribute shadows the class's _mix, which forward() calls
-            module._mix = lambda q, k, v, rope, cfg=cfg: nala_attention_released(
-                q, k, v, lam=cfg.lam, tau=cfg.tau, eps=cfg.eps, rope=rope)
+@register_model
+class ReleasedNaLaAttention(GatedAttention):
+    """NaLa in the released op sequence (relu kernel), as a registered mixer: the shared wrapper
+    with :func:`nala_mm.ops.nala_released.nala_attention_released` as its mixing."""
+
+    def mix(self, q, k, v, rope):
+        return nala_attention_released(q, k, v, rope=rope)
 
 
 def build_backbone(name: str) -> nn.Module:
@@ -55,9 +53,7 @@ def build_backbone(name: str) -> nn.Module:
         return NaLaFormer(arch='t')
     if name == 'nala_t_linear':
         return NaLaFormer(arch='t', attn_types=LINEAR)
-    backbone = NaLaFormer(arch='t', attn_types=LINEAR, kernel='relu')
-    use_released_attention(backbone)
-    return backbone
+    return NaLaFormer(arch='t', attn_types=(dict(type='ReleasedNaLaAttention'),) * 4)
 
 
 def backbone_step(name: str, side: int, mode: str, device: str) -> Step:

@@ -10,6 +10,8 @@ from .version import __version__
 install_checkpoint_safety()
 
 from . import datasets, hooks, models, runtime  # noqa: E402,F401  (registration side effects)
-from .models import NaLaFormer, NormAwareLinearAttention, SoftmaxAttention  # noqa: E402
+from .models import (GatedAttention, LinearAttention, NaLaFormer,  # noqa: E402
+                     NormAwareLinearAttention, SoftmaxAttention)
 
-__all__ = ['__version__', 'NaLaFormer', 'NormAwareLinearAttention', 'SoftmaxAttention']
+__all__ = ['__version__', 'NaLaFormer', 'GatedAttention', 'NormAwareLinearAttention',
+           'LinearAttention', 'SoftmaxAttention']

@@ -7,38 +7,40 @@ model, so they would count 0; this module adds them:
 
 * ``aten::scaled_dot_product_attention`` (:class:`SoftmaxAttention`): ``q k^T`` plus ``A v``,
   ``B*h*N_q*N_k*(d + d_v)`` = ``2*B*h*N^2*d``; the softmax itself counts 0, like everywhere else.
-* NaLa's fast path, the autograd function ``_NaLaFunction``: the tracer records it as one
-  ``prim::PythonOp`` node, which :class:`mmengine.analysis.FlopAnalyzer` keys as
-  ``'prim::PythonOp._NaLaFunction'`` (the node kind plus its Python name). Per (batch, head), with
-  N tokens, head dim d and 2d-wide features, it counts
+* The fast kernelised-attention node ``_KernelizedAttention`` (NaLa and plain linear attention):
+  the tracer records it as one ``prim::PythonOp`` node, which :class:`FlopAnalyzer` keys as
+  ``'prim::PythonOp._KernelizedAttention'``; its feature maps travel as the node's scalar
+  arguments, so the handle reads the feature width ``e*d`` (``e`` = 2 for NaLa's split kernels,
+  1 for its positive part and for plain linear attention) and each map's element-wise cost.
+  Per (batch, head), with N tokens and head dim d, it counts
 
-  under ``nala_matmul`` (what the plain reference implementation's matmuls add up to):
-    * state ``S = G_k^T v``                        N*2d*d
-    * numerator ``G_q S``                          N*2d*d
-    * normaliser dot ``phi(q) . mean_j phi(k_j)``  N*2d
+  under ``attn_matmul`` (what the reference mode's matmuls add up to):
+    * state ``S = G_k^T v``                        N*e*d*d
+    * numerator ``G_q S``                          N*e*d*d
+    * normaliser dot ``phi(q) . mean_j phi(k_j)``  N*e*d
 
-  under ``nala_elementwise`` (work the stock convention would ignore, but 10-20 % of the NaLa
+  under ``attn_elementwise`` (work the stock convention would ignore, but 10-20 % of the NaLa
   core at d = 32-64; each term is output elements x a per-element constant):
-    * key mean ``mean_j phi(k_j)``                 N*2d  (one add per element)
-    * features ``phi(q)`` and ``phi(k)``           2 * FEATURE_FLOPS * N*2d
-    * RoPE on ``phi(q)`` and ``phi(k)``            2 * ROPE_FLOPS * N*2d  (only with RoPE)
+    * key mean ``mean_j phi(k_j)``                 N*e*d  (one add per element)
+    * features ``phi(q)`` and ``phi(k)``           (c_q + c_k) * N*e*d, ``c = map.flops_per_feature``
+    * RoPE on ``phi(q)`` and ``phi(k)``            2 * ROPE_FLOPS * N*e*d  (only with RoPE)
     * scaling the output by ``z``                  N*d
 
-  i.e. ``4*N*d^2 + (2 + 2 + 4*FEATURE_FLOPS + 4*ROPE_FLOPS + 1)*N*d`` = ``4*N*d^2 + 29*N*d`` with
-  RoPE, the spec's ``~ 4*N*d^2`` plus an O(N*d) term.
+  For NaLa (e = 2, c = 4) that is ``4*N*d^2 + 29*N*d`` with RoPE: the spec's ``~ 4*N*d^2``.
 
-The plain implementation (``implementation='reference'``) is made of ordinary ops, so stock
-mmengine counts it: its ``matmul`` total equals the fast path's ``nala_matmul`` exactly, while its
-element-wise work (features, RoPE) counts 0 there, as for any other model.
+The reference mode (``implementation='reference'``, and every mixer while exporting) is made of
+ordinary ops, so stock mmengine counts it: its ``matmul`` total equals the fast node's
+``attn_matmul`` exactly, while its element-wise work counts 0 there, as for any other model.
 
-:func:`build_model_from_config` builds a config's model (mmseg or mmdet) for the analysis and
-benchmark tools.
+:func:`count_flops` is the one entry point (``tools/get_flops.py`` and the benchmarks use it);
+:func:`build_model_from_config` builds a config's model (mmseg or mmdet).
 """
 import importlib
 import os.path as osp
 from collections import Counter
+from dataclasses import dataclass
 from math import prod
-from typing import Any, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 from mmengine.analysis import FlopAnalyzer
@@ -49,37 +51,30 @@ from mmengine.registry import init_default_scope
 from mmengine.utils import get_installed_path
 from torch import nn
 
-from .ops.nala_fast import _NaLaFunction
+from .ops.feature_maps import FeatureMap
+from .ops.kernelized import _KernelizedAttention
 from .runtime import load_config
 
-# Per output element of a 2d-wide feature map: the cosine kernel's per-component work (norm,
-# divide, power, angle, cos and sin, two products; an elementary function counts as one flop)
-# is about 8 flops per component, shared by its two outputs. The relu kernel does less; it is
-# counted the same so that the number depends on shapes only.
-FEATURE_FLOPS = 4
 # Per rotated output element: ``x cos - y sin`` (or ``x sin + y cos``) is two multiply-adds.
 ROPE_FLOPS = 2
 
-NALA_OP = f'prim::PythonOp.{_NaLaFunction.__name__}'
+KERNELIZED_OP = f'prim::PythonOp.{_KernelizedAttention.__name__}'
 SDPA_OP = 'aten::scaled_dot_product_attention'
 
 
-def nala_attention_flop_counts(n_tokens: int, head_dim: int, heads: int, batch: int = 1,
-                               rope: bool = True) -> Counter:
-    """Flops of NaLa attention split into ``nala_matmul`` and ``nala_elementwise`` (module doc)."""
-    n, d, width = n_tokens, head_dim, 2 * head_dim
+def kernelized_attention_flop_counts(n_tokens: int, head_dim: int, heads: int,
+                                     query_map: FeatureMap, key_map: FeatureMap,
+                                     batch: int = 1, rope: bool = True) -> Counter:
+    """Flops of one kernelised attention call split into ``attn_matmul`` and
+    ``attn_elementwise`` (module doc)."""
+    n, d, width = n_tokens, head_dim, key_map.expansion * head_dim
     matmul = n * width * d + n * width * d + n * width
-    elementwise = n * width + 2 * FEATURE_FLOPS * n * width + n * d
+    features = (query_map.flops_per_feature + key_map.flops_per_feature) * n * width
+    elementwise = n * width + features + n * d
     if rope:
         elementwise += 2 * ROPE_FLOPS * n * width
     groups = batch * heads
-    return Counter(nala_matmul=groups * matmul, nala_elementwise=groups * elementwise)
-
-
-def nala_attention_flops(n_tokens: int, head_dim: int, heads: int, batch: int = 1,
-                         rope: bool = True) -> int:
-    """Total flops the handle assigns to one NaLa attention call: ``~ 4*N*d^2*heads*batch``."""
-    return sum(nala_attention_flop_counts(n_tokens, head_dim, heads, batch, rope).values())
+    return Counter(attn_matmul=groups * matmul, attn_elementwise=groups * elementwise)
 
 
 def _shapes(values: List[Any]) -> List[List[int]]:
@@ -89,16 +84,17 @@ def _shapes(values: List[Any]) -> List[List[int]]:
     return shapes
 
 
-def nala_flop_jit(inputs: List[Any], outputs: List[Any]) -> Counter:
-    """Handle for the ``_NaLaFunction`` node: inputs are ``q, k, v`` ``(..., N, d)`` and, with
-    RoPE, the phasor table (``None`` arguments are not tensor inputs of the node)."""
+def kernelized_flop_jit(inputs: List[Any], outputs: List[Any]) -> Counter:
+    """Handle for the ``_KernelizedAttention`` node: tensor inputs ``q, k, v`` ``(..., N, d)``
+    and, with RoPE, the phasor table; the feature maps are the node's first scalar arguments."""
     q_shape, k_shape, v_shape = _shapes(inputs[:3])
     if not q_shape == k_shape == v_shape:
-        raise ValueError(f'NaLa flop handle expects q, k, v of one shape, got {q_shape}, '
-                         f'{k_shape}, {v_shape}')
+        raise ValueError(f'kernelised attention flop handle expects q, k, v of one shape, got '
+                         f'{q_shape}, {k_shape}, {v_shape}')
+    query_map, key_map = outputs[0].node().scalar_args()[:2]
     *groups, n_tokens, head_dim = q_shape
-    return nala_attention_flop_counts(n_tokens, head_dim, heads=prod(groups),
-                                      rope=len(inputs) > 3)
+    return kernelized_attention_flop_counts(n_tokens, head_dim, prod(groups), query_map, key_map,
+                                            rope=len(inputs) > 3)
 
 
 def sdpa_flop_jit(inputs: List[Any], outputs: List[Any]) -> Counter:
@@ -109,27 +105,46 @@ def sdpa_flop_jit(inputs: List[Any], outputs: List[Any]) -> Counter:
 
 
 def build_flop_analyzer(model: nn.Module, inputs: Tuple[Any, ...],
-                        nala_handles: bool = True) -> FlopAnalyzer:
-    """mmengine's :class:`FlopAnalyzer` with the NaLa and SDPA handles installed.
+                        attention_handles: bool = True) -> FlopAnalyzer:
+    """mmengine's :class:`FlopAnalyzer` with the kernelised-attention and SDPA handles installed.
 
-    ``nala_handles=False`` gives the stock analyzer (for comparison). Trace and
+    ``attention_handles=False`` gives the stock analyzer (for comparison). Trace and
     unsupported-op warnings are silenced: element-wise ops count 0 by convention, and
     ``analyzer.unsupported_ops()`` lists what was left out.
     """
     analyzer = FlopAnalyzer(model, inputs)
     analyzer.tracer_warnings('none').unsupported_ops_warnings(False) \
         .uncalled_modules_warnings(False)
-    if nala_handles:
-        analyzer.set_op_handle(NALA_OP, nala_flop_jit, SDPA_OP, sdpa_flop_jit)
+    if attention_handles:
+        analyzer.set_op_handle(KERNELIZED_OP, kernelized_flop_jit, SDPA_OP, sdpa_flop_jit)
     return analyzer
 
 
-def count_flops(model: nn.Module, inputs: Tuple[Any, ...], max_depth: int = 3) -> Tuple[int, str]:
-    """Total flops of ``model(*inputs)`` and mmengine's per-module table (params and flops)."""
+@dataclass
+class FlopCount:
+    """What :func:`count_flops` measured (flops: 1 multiply-add = 1)."""
+    total: int
+    by_operator: Counter
+    by_module: Counter
+    uncounted: Dict[str, int]  # ops the convention leaves at 0, with their call counts
+    table: str  # mmengine's per-module table (params and flops)
+
+    @property
+    def attention(self) -> int:
+        """Token mixing alone: kernelised attention (matmul + element-wise) and softmax SDPA."""
+        return sum(self.by_operator[k] for k in ('attn_matmul', 'attn_elementwise', 'sdpa'))
+
+
+def count_flops(model: nn.Module, inputs: Tuple[Any, ...], max_depth: int = 3) -> FlopCount:
+    """Flops of ``model(*inputs)`` with every token mixer counted: the one entry point."""
     analyzer = build_flop_analyzer(model, inputs)
     with torch.no_grad():
         total = analyzer.total()
-    return total, complexity_stats_table(analyzer, max_depth=max_depth, show_param_shapes=False)
+    return FlopCount(total=total, by_operator=Counter(analyzer.by_operator()),
+                     by_module=Counter(analyzer.by_module()),
+                     uncounted=dict(analyzer.unsupported_ops()),
+                     table=complexity_stats_table(analyzer, max_depth=max_depth,
+                                                  show_param_shapes=False))
 
 
 def resolve_config_path(path: str) -> str:

@@ -206,7 +206,7 @@ def test_softmax_attention_matches_explicit_softmax():
     q, k, v = (torch.randn(1, 2, 20, 8) for _ in range(3))
     layer = SoftmaxAttention(16, 2, use_rope=False)
     expected = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(8), dim=-1) @ v
-    assert rel_err(layer._mix(q, k, v, None), expected) <= 1e-5
+    assert rel_err(layer.mix(q, k, v, None), expected) <= 1e-5
 
 
 @pytest.mark.parametrize('kwargs, match', [

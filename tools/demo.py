@@ -3,12 +3,16 @@
     python tools/demo.py seg   # ADE20K layout, UperNet + NaLaFormer, mIoU  (make demo)
     python tools/demo.py det   # COCO layout, Mask R-CNN + NaLaFormer, AP   (make demo-det)
 
-Data is generated once (deterministic) under data/demo; reruns reuse it.
+Data is generated once (deterministic) under data/demo; reruns reuse it. Each run writes its
+summary (metrics, the per-class table, time, iterations) to WORK_DIR/demo_summary.json, and with
+``--summary-out`` also to a file meant to be committed (benchmarks/results/demo_*.json).
 """
 import argparse
 import json
 import os.path as osp
+import re
 import time
+from typing import Dict, List
 
 from mmengine.config import DictAction
 from mmengine.runner import Runner
@@ -37,10 +41,44 @@ def enable_test_overlays(runner: Runner) -> None:
             hook.interval = 1
 
 
-def summarise(task: str, metrics: dict, data: dict, runner: Runner, seconds: float) -> dict:
+def per_class_tables(log_text: str) -> List[Dict[str, Dict[str, float]]]:
+    """The per-class tables the evaluators print (mmseg's IoU/Acc, mmdet's classwise AP), in
+    order, as ``{class: {column: value}}``; the evaluators return only the summaries."""
+    tables, header, rows = [], None, {}
+    for line in log_text.splitlines():
+        line = line.strip()
+        if line.startswith('+'):  # a border: the table goes on
+            continue
+        cells = [c.strip() for c in line.strip('|').split('|')] if line.startswith('|') else None
+        if not cells:
+            if header and rows:
+                tables.append(rows)
+            header, rows = None, {}
+            continue
+        if header is None:
+            header = cells
+        elif len(cells) == len(header) and re.fullmatch(r'-?[\d.]+|nan', cells[1]):
+            # nan (a class without instances) -> null: strict JSON
+            rows[cells[0]] = {h: None if c == 'nan' else float(c)
+                              for h, c in zip(header[1:], cells[1:])}
+    if header and rows:
+        tables.append(rows)
+    return tables
+
+
+def summarise(task: str, metrics: dict, data: dict, runner: Runner, seconds: float,
+              summary_out: str = None) -> dict:
     metrics = {k: float(v) for k, v in metrics.items()}  # numpy scalars -> JSON
-    summary = dict(task=task, metrics=metrics, train_seconds=round(seconds, 1),
-                   iterations=runner.iter, overlays=osp.join(runner.log_dir, 'vis_data'))
+    with open(osp.join(runner.log_dir, f'{runner.timestamp}.log')) as f:
+        tables = per_class_tables(f.read())
+    summary = dict(task=task, config=TASKS[task]['config'], metrics=metrics,
+                   train_seconds=round(seconds, 1), iterations=runner.iter,
+                   overlays=osp.join(runner.log_dir, 'vis_data'))
+    if task == 'seg':  # the test pass prints one table: IoU and Acc per class
+        summary['per_class'] = tables[-1] if tables else {}
+    else:  # classwise bbox then segm tables
+        summary['per_class'] = dict(zip(('bbox', 'segm'), tables[-2:])) if len(tables) >= 2 \
+            else {}
     if task == 'seg':
         from nala_mm.datasets.synthetic_ade import majority_baseline_miou
         summary['majority_class_baseline_mIoU'] = majority_baseline_miou(
@@ -53,8 +91,9 @@ def summarise(task: str, metrics: dict, data: dict, runner: Runner, seconds: flo
               f'on the validation split')
     print(f"trained {runner.iter} iterations in {seconds / 60:.1f} min; overlays: "
           f"{summary['overlays']}")
-    with open(osp.join(runner.work_dir, 'demo_summary.json'), 'w') as f:
-        json.dump(summary, f, indent=2)
+    for path in filter(None, (osp.join(runner.work_dir, 'demo_summary.json'), summary_out)):
+        with open(path, 'w') as f:
+            json.dump(summary, f, indent=2)
     return summary
 
 
@@ -63,6 +102,7 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('task', choices=sorted(TASKS))
     parser.add_argument('--work-dir', help='defaults to work_dirs/demo_<task>')
+    parser.add_argument('--summary-out', help='also write the summary JSON here')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction,
                         help='override demo config settings, e.g. train_cfg.max_iters=100')
     args = parser.parse_args()
@@ -79,7 +119,7 @@ def main() -> None:
     seconds = time.perf_counter() - start
     enable_test_overlays(runner)
     metrics = runner.test()
-    summarise(args.task, metrics, data, runner, seconds)
+    summarise(args.task, metrics, data, runner, seconds, args.summary_out)
 
 
 if __name__ == '__main__':

@@ -5,7 +5,7 @@
     python tools/get_flops.py --variants            # backbone GFLOPs of XT..L at 224 vs the paper
 
 One multiply-add counts as one flop (mmengine / fvcore); see :mod:`nala_mm.analysis` for what the
-NaLa and SDPA handles count. The input is a random tensor of exactly ``--shape`` (batch 1; no
+kernelised-attention (NaLa, plain linear) and SDPA handles count. The input is a random tensor of exactly ``--shape`` (batch 1; no
 data preprocessor, so no padding). A segmentor is traced in ``mode='tensor'`` (backbone, neck and
 decode head; the auxiliary head, unused at inference, is dropped as in mmseg's get_flops); a
 detector in ``mode='tensor'`` too (backbone, neck, RPN proposals, heads, no post-processing).
@@ -16,11 +16,10 @@ from typing import Any, Tuple
 
 import torch
 from mmengine.analysis import parameter_count
-from mmengine.analysis.print_helper import complexity_stats_table
 from mmengine.config import DictAction
 from torch import nn
 
-from nala_mm.analysis import build_flop_analyzer, build_model_from_config
+from nala_mm.analysis import build_model_from_config, count_flops
 from nala_mm.models import ARCH_SETTINGS, NaLaFormer
 
 # The paper's ImageNet numbers at 224 x 224 (spec §2): params (M) and GFLOPs.
@@ -53,19 +52,18 @@ def model_and_inputs(config: str, height: int, width: int, backbone_only: bool,
 def report(config: str, height: int, width: int, backbone_only: bool, cfg_options: dict,
            max_depth: int) -> None:
     model, inputs, what = model_and_inputs(config, height, width, backbone_only, cfg_options)
-    analyzer = build_flop_analyzer(model, inputs)
-    with torch.no_grad():
-        total = analyzer.total()
-    by_op = analyzer.by_operator()
-    print(complexity_stats_table(analyzer, max_depth=max_depth, show_param_shapes=False))
-    uncounted = ', '.join(f'{op} x{n}' for op, n in sorted(analyzer.unsupported_ops().items()))
+    flops = count_flops(model, inputs, max_depth=max_depth)
+    by_op = flops.by_operator
+    print(flops.table)
+    uncounted = ', '.join(f'{op} x{n}' for op, n in sorted(flops.uncounted.items()))
     line = '=' * 60
     print(f'{line}\nconfig: {config}\ncounted: {what}\ninput: (1, 3, {height}, {width})\n'
           f'params: {parameter_count(model)[""] / 1e6:.2f} M\n'
-          f'GFLOPs: {giga(total)}  (1 multiply-add = 1 flop)\n'
-          f'  NaLa attention: {giga(by_op["nala_matmul"] + by_op["nala_elementwise"])} '
-          f'(matmul {giga(by_op["nala_matmul"])}, element-wise {giga(by_op["nala_elementwise"])})'
-          f', softmax SDPA: {giga(by_op["sdpa"])}\n'
+          f'GFLOPs: {giga(flops.total)}  (1 multiply-add = 1 flop)\n'
+          f'  attention: {giga(flops.attention)}: kernelised (NaLa / linear) '
+          f'{giga(by_op["attn_matmul"] + by_op["attn_elementwise"])} (matmul '
+          f'{giga(by_op["attn_matmul"])}, element-wise {giga(by_op["attn_elementwise"])}), '
+          f'softmax SDPA {giga(by_op["sdpa"])}\n'
           f'not counted (0 by convention): {uncounted or "-"}\n{line}')
 
 
@@ -86,12 +84,6 @@ class ClassificationTail(nn.Module):
         return self.head(self.pool(self.act(self.norm(self.proj(x)))))
 
 
-def count(module: nn.Module, x: torch.Tensor):
-    analyzer = build_flop_analyzer(module.eval(), (x,))
-    with torch.no_grad():
-        return analyzer.total(), analyzer.by_operator(), analyzer.by_module()
-
-
 def variants(side: int) -> None:
     """Backbone GFLOPs per variant (default hybrid attention) beside the paper's totals."""
     print(f'NaLaFormer backbones at {side} x {side} (default hybrid attn_types), GFLOPs with '
@@ -103,21 +95,22 @@ def variants(side: int) -> None:
     for arch in ARCH_SETTINGS:
         backbone = NaLaFormer(arch=arch)
         image = torch.randn(1, 3, side, side)
-        total, by_op, by_module = count(backbone, image)
+        flops = count_flops(backbone.eval(), (image,))
+        total, by_op = flops.total, flops.by_operator
         # the dense-prediction out_norm{i} LayerNorms are not part of the classifier
-        out_norms = sum(by_module[f'out_norm{i}'] for i in backbone.out_indices)
+        out_norms = sum(flops.by_module[f'out_norm{i}'] for i in backbone.out_indices)
         last = backbone.embed_dims[-1]
-        tail = ClassificationTail(last)
-        tail_flops, _, _ = count(tail, torch.randn(1, last, side // 32, side // 32))
+        tail = ClassificationTail(last).eval()
+        tail_flops = count_flops(tail, (torch.randn(1, last, side // 32, side // 32),)).total
         params = parameter_count(backbone)[''] - sum(
             parameter_count(getattr(backbone, f'out_norm{i}'))[''] for i in backbone.out_indices)
         tail_params = parameter_count(tail)['']
         classifier = total - out_norms + tail_flops
         paper_params, paper_flops = PAPER[arch]
         print(f'| {arch.upper()} | {params / 1e6:.2f} | {(params + tail_params) / 1e6:.2f} | '
-              f'{paper_params} | {giga(total)} | {giga(by_op["nala_elementwise"])} | '
+              f'{paper_params} | {giga(total)} | {giga(by_op["attn_elementwise"])} | '
               f'{giga(by_op["sdpa"])} | {giga(out_norms)} | {giga(tail_flops)} | '
-              f'{giga(classifier)} | {giga(classifier - by_op["nala_elementwise"])} | '
+              f'{giga(classifier)} | {giga(classifier - by_op["attn_elementwise"])} | '
               f'{paper_flops} |')
 
 

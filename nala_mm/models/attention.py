@@ -1,7 +1,15 @@
-"""NaLa and softmax token mixers with the authors' parameter names (qkvg, lepe, ln, out_proj).
+"""Token mixers: one gated wrapper with the authors' parameter names, registered mixers inside.
 
-Both take and return channels-first maps ``(B, C, H, W)``. The attention math itself lives in
-:mod:`nala_mm.ops`; these modules only project, mix, and gate.
+Every mixer shares the released block's wrapper: the ``qkvg`` projection, LePE on v
+(``lepe``), LayerNorm (``ln``), the SiLU gate and ``out_proj``. A checkpoint's weights therefore
+load into any mixer, every mixer has the same parameters, and comparisons between them are fair.
+A mixer defines only :meth:`GatedAttention.mix` on ``(B, heads, N, d)`` tensors (and, for
+inspection, :meth:`GatedAttention.attention_weights`). To add one, subclass
+:class:`GatedAttention`, register it with :func:`nala_mm.registry.register_model`, and name it in
+a backbone's ``attn_types`` (``dict(type='MyMixer', ...)``).
+
+Modules take and return channels-first maps ``(B, C, H, W)``; the math lives in
+:mod:`nala_mm.ops`.
 """
 from functools import lru_cache
 from typing import Optional, Tuple
@@ -12,11 +20,13 @@ from einops import rearrange
 from mmengine.model import BaseModule
 from torch import Tensor, nn
 
-from ..ops import NaLaConfig, apply_rope, nala_attention, nala_attention_reference, rope_phasor, \
-    rope_table
+from ..ops import (NaLaConfig, apply_rope, apply_rope_reference, build_plain_feature_map,
+                   is_exporting, kernelized_attention, kernelized_attention_weights,
+                   rope_phasor, rope_table)
 from ..registry import register_model
 
 IMPLEMENTATIONS = ('fast', 'reference')
+Rope = Optional[Tuple[Tensor, Tensor]]
 
 
 @lru_cache(maxsize=32)
@@ -25,8 +35,32 @@ def _cached_rope(height: int, width: int, head_dim: int, base: float,
     return rope_table(height, width, head_dim, base, device=device)
 
 
-class _GatedAttention(BaseModule):
-    """qkvg projection, token mixing (subclass), LePE on v, LayerNorm, SiLU gate, out_proj."""
+def _rope(height: int, width: int, head_dim: int, base: float,
+          device: torch.device) -> Tuple[Tensor, Tensor]:
+    # An exporter's sizes are symbolic: they cannot key the cache, and the table must be built
+    # in the graph so that the exported model accepts any input size.
+    if is_exporting():
+        return rope_table(height, width, head_dim, base, device=device)
+    return _cached_rope(height, width, head_dim, base, device)
+
+
+def _rope_rows(rope: Rope, rows: Optional[Tensor]) -> Rope:
+    """The table's entries of the tokens ``rows`` (all tokens when ``None``)."""
+    return rope if rope is None or rows is None else tuple(t[rows] for t in rope)
+
+
+class GatedAttention(BaseModule):
+    """qkvg projection, token mixing (:meth:`mix`), LePE on v, LayerNorm, SiLU gate, out_proj.
+
+    Args:
+        embed_dims: channels C.
+        num_heads: heads; ``C / num_heads`` must be divisible by 4 when ``use_rope``.
+        use_rope: 2D RoPE (spec §1.4) on the mixing.
+        rope_base, lepe_kernel_size: as released (10000, 5).
+    """
+    # Mixers whose math overflows 16-bit formats (NaLa's k^3 and powers) run in float32 under
+    # autocast; the others keep the autocast dtype.
+    mix_in_float32 = True
 
     def __init__(self, embed_dims: int, num_heads: int, use_rope: bool = True,
                  rope_base: float = 10000.0, lepe_kernel_size: int = 5,
@@ -41,6 +75,8 @@ class _GatedAttention(BaseModule):
         if use_rope and self.head_dims % 4 != 0:
             raise ValueError(f'2D RoPE needs a head dim divisible by 4, got head_dim='
                              f'{self.head_dims} (embed_dims={embed_dims}, num_heads={num_heads})')
+        if not isinstance(use_rope, bool):
+            raise TypeError(f'use_rope must be True or False, got {use_rope!r}')
         self.use_rope = use_rope
         self.rope_base = rope_base
         self.qkvg = nn.Linear(embed_dims, 4 * embed_dims)
@@ -49,68 +85,143 @@ class _GatedAttention(BaseModule):
         self.ln = nn.LayerNorm(embed_dims, eps=1e-5)
         self.out_proj = nn.Linear(embed_dims, embed_dims)
 
-    def _mix(self, q: Tensor, k: Tensor, v: Tensor,
-             rope: Optional[Tuple[Tensor, Tensor]]) -> Tensor:
+    # ------------------------------------------------------------------ what a mixer defines
+    def mix(self, q: Tensor, k: Tensor, v: Tensor, rope: Rope) -> Tensor:
+        """``(B, heads, N, d)`` queries, keys, values -> mixed values of the same shape."""
         raise NotImplementedError
 
-    def forward(self, x: Tensor) -> Tensor:
+    def attention_weights(self, q: Tensor, k: Tensor, rope: Rope,
+                          rows: Optional[Tensor] = None) -> Tensor:
+        """The weights ``(B, heads, len(rows), N)`` with which the queries ``rows`` (all when
+        ``None``) mix the values, for inspection. Quadratic in N without ``rows``."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ shared wrapper
+    def project(self, x: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor, Rope]:
+        """``(B, C, H, W)`` -> q, k, v as ``(B, heads, N, d)``, the gate ``(B, H, W, C)`` and
+        the RoPE table of this size (``None`` without RoPE)."""
         if x.dim() != 4 or x.shape[1] != self.embed_dims:
             raise ValueError(f'expected input (B, {self.embed_dims}, H, W), got {tuple(x.shape)}')
         height, width = x.shape[-2:]
         q, k, v, gate = self.qkvg(rearrange(x, 'b c h w -> b h w c')).chunk(4, dim=-1)
-        rope = _cached_rope(height, width, self.head_dims, self.rope_base, x.device) \
+        rope = _rope(height, width, self.head_dims, self.rope_base, x.device) \
             if self.use_rope else None
         to_heads = 'b h w (n d) -> b n (h w) d'
-        # The mixing runs in float32 even under autocast: k^3 and the power overflow fp16/bf16.
-        with torch.autocast(device_type=x.device.type, enabled=False):
-            mixed = self._mix(*(rearrange(t.float(), to_heads, n=self.num_heads) for t in (q, k, v)),
-                              rope)
-        mixed = rearrange(mixed, 'b n (h w) d -> b h w (n d)', h=height).to(v.dtype)
-        lepe = rearrange(self.lepe(rearrange(v, 'b h w c -> b c h w')), 'b c h w -> b h w c')
+        q, k, v = (rearrange(t, to_heads, n=self.num_heads) for t in (q, k, v))
+        return q, k, v, gate, rope
+
+    def forward(self, x: Tensor) -> Tensor:
+        height = x.shape[-2]
+        q, k, v, gate, rope = self.project(x)
+        if self.mix_in_float32:
+            # k^3 and the per-token power overflow fp16/bf16: float32 even under autocast
+            with torch.autocast(device_type=x.device.type, enabled=False):
+                mixed = self.mix(q.float(), k.float(), v.float(), rope)
+        else:
+            mixed = self.mix(q, k, v, rope)
+        mixed = rearrange(mixed, 'b n (h w) d -> b h w (n d)', h=height).to(gate.dtype)
+        v_map = rearrange(v, 'b n (h w) d -> b (n d) h w', h=height)
+        lepe = rearrange(self.lepe(v_map), 'b c h w -> b h w c')
         out = self.out_proj(self.ln(mixed + lepe) * F.silu(gate))
         return rearrange(out, 'b h w c -> b c h w')
 
 
+class _KernelizedMixer(GatedAttention):
+    """Shared by the linear-cost mixers: feature maps + :func:`kernelized_attention`."""
+
+    def __init__(self, embed_dims: int, num_heads: int, query_map, key_map, eps: float,
+                 implementation: str, **kwargs):
+        super().__init__(embed_dims, num_heads, **kwargs)
+        if implementation not in IMPLEMENTATIONS:
+            raise ValueError(f'unknown implementation {implementation!r}; expected one of '
+                             f'{IMPLEMENTATIONS}')
+        self.query_map, self.key_map, self.eps = query_map, key_map, eps
+        self.implementation = implementation
+
+    def mix(self, q, k, v, rope):
+        # The fast mode's autograd.Function and complex RoPE have no ONNX form: an export
+        # traces the plain reference ops (the same numbers).
+        mode = 'reference' if self.implementation == 'reference' or is_exporting() else 'fast'
+        return kernelized_attention(q, k, v, self.query_map, self.key_map, self.eps, rope, mode)
+
+    def attention_weights(self, q, k, rope, rows=None):
+        queries = q if rows is None else q[..., rows, :]
+        return kernelized_attention_weights(queries, k, self.query_map, self.key_map, self.eps,
+                                            _rope_rows(rope, rows), rope)
+
+
 @register_model
-class NormAwareLinearAttention(_GatedAttention):
+class NormAwareLinearAttention(_KernelizedMixer):
     """NaLa: norm-aware linear attention (spec §1), linear in the number of tokens.
 
     Args:
-        embed_dims: channels C.
-        num_heads: heads; ``C / num_heads`` must be divisible by 4 when ``use_rope``.
-        kernel: ``'cosine'`` (paper, cosine inhibit) or ``'relu'`` (released code, hard split).
+        embed_dims, num_heads, use_rope: see :class:`GatedAttention`.
+        kernel: ``'cosine'`` (paper, cosine inhibit), ``'relu'`` (released code, hard split) or
+            ``'positive'`` (ablation: positive part only, signed interactions discarded).
         alpha, lam, tau, eps: see :class:`nala_mm.ops.NaLaConfig`.
+        norm_aware: ``False`` fixes the query exponent at ``fixed_power`` (ablation: the output
+            then no longer depends on the query norm).
         implementation: ``'fast'`` (default, hand-written backward) or ``'reference'``.
     """
 
     def __init__(self, embed_dims: int, num_heads: int, kernel: str = 'cosine',
                  alpha: float = 20.0, lam: float = 3.0, tau: float = 0.5, eps: float = 1e-6,
+                 norm_aware: bool = True, fixed_power: float = 3.0,
                  implementation: str = 'fast', **kwargs):
-        super().__init__(embed_dims, num_heads, **kwargs)
-        self.cfg = NaLaConfig(kernel=kernel, alpha=alpha, lam=lam, tau=tau, eps=eps)
-        if implementation not in IMPLEMENTATIONS:
-            raise ValueError(f'unknown implementation {implementation!r}; expected one of '
-                             f'{IMPLEMENTATIONS}')
-        self.implementation = implementation
-
-    def _mix(self, q, k, v, rope):
-        fn = nala_attention if self.implementation == 'fast' else nala_attention_reference
-        return fn(q, k, v, self.cfg, rope)
+        cfg = NaLaConfig(kernel=kernel, alpha=alpha, lam=lam, tau=tau, eps=eps,
+                         norm_aware=norm_aware, fixed_power=fixed_power)
+        super().__init__(embed_dims, num_heads, *cfg.feature_maps(), eps, implementation,
+                         **kwargs)
+        self.cfg = cfg
 
     def extra_repr(self) -> str:
-        return f'heads={self.num_heads}, {self.cfg}, implementation={self.implementation}'
+        return (f'heads={self.num_heads}, {self.cfg}, rope={self.use_rope}, '
+                f'implementation={self.implementation}')
 
 
 @register_model
-class SoftmaxAttention(_GatedAttention):
+class LinearAttention(_KernelizedMixer):
+    """Plain kernelised linear attention, the baseline NaLa is measured against.
+
+    ``feature_map='relu'`` is positively homogeneous: scaling a query scales its numerator and
+    normaliser alike, so the output cannot depend on the query norm (the failure the paper starts
+    from). ``'elu'`` is the other classic, ``1 + elu(x)``. RoPE on the numerator as NaLa does;
+    the same fast, memory-light op as NaLa.
+    """
+
+    def __init__(self, embed_dims: int, num_heads: int, feature_map: str = 'relu',
+                 eps: float = 1e-6, implementation: str = 'fast', **kwargs):
+        phi = build_plain_feature_map(feature_map)
+        super().__init__(embed_dims, num_heads, phi, phi, eps, implementation, **kwargs)
+        self.feature_map = feature_map
+
+    def extra_repr(self) -> str:
+        return (f'heads={self.num_heads}, feature_map={self.feature_map}, eps={self.eps:g}, '
+                f'rope={self.use_rope}, implementation={self.implementation}')
+
+
+@register_model
+class SoftmaxAttention(GatedAttention):
     """Full softmax attention on RoPE'd q, k (the released 'v' stages), through SDPA.
 
     ``scaled_dot_product_attention`` picks a memory-efficient / flash kernel where the device
     has one, so the N x N matrix is not stored on GPU.
     """
 
-    def _mix(self, q, k, v, rope):
-        if rope is not None:
-            phasor = rope_phasor(*rope)
-            q, k = apply_rope(q, phasor), apply_rope(k, phasor)
+    def _rotate(self, q: Tensor, k: Tensor, rope: Rope, rows: Optional[Tensor] = None):
+        if rope is None:
+            return q, k
+        if is_exporting():  # ONNX has no complex numbers
+            return apply_rope_reference(q, *_rope_rows(rope, rows)), apply_rope_reference(k, *rope)
+        return (apply_rope(q, rope_phasor(*_rope_rows(rope, rows))),
+                apply_rope(k, rope_phasor(*rope)))
+
+    def mix(self, q, k, v, rope):
+        q, k = self._rotate(q, k, rope)
         return F.scaled_dot_product_attention(q, k, v)
+
+    def attention_weights(self, q, k, rope, rows=None):
+        queries = q if rows is None else q[..., rows, :]
+        queries, k = self._rotate(queries, k, rope, rows)
+        return torch.softmax(queries @ k.transpose(-1, -2) * self.head_dims ** -0.5, dim=-1)
+

@@ -13,13 +13,14 @@ from einops import rearrange
 from mmcv.cnn import build_norm_layer
 from mmcv.cnn.bricks import DropPath
 from mmengine.model import BaseModule
+from mmengine.registry import MODELS
 from mmengine.model.weight_init import trunc_normal_
 from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..ops import rope_angle_buffer
 from ..registry import register_model
-from .attention import NormAwareLinearAttention, SoftmaxAttention
+from .attention import GatedAttention, NormAwareLinearAttention
 from .checkpoint_filter import load_authors_checkpoint, missing_checkpoint_message
 
 # Variants as data (spec §2 table).
@@ -37,7 +38,9 @@ ARCH_SETTINGS: Dict[str, dict] = {
               mlp_ratios=(3.5,) * 4, drop_path_rate=0.55, layer_scale_init_values=(1e-6,) * 4),
 }
 PER_STAGE_KEYS = ('embed_dims', 'depths', 'num_heads', 'mlp_ratios', 'layer_scale_init_values')
-ATTENTION_TYPES = {'nala': NormAwareLinearAttention, 'softmax': SoftmaxAttention}
+# Shorthands for the registered token mixers; a dict names any registered GatedAttention.
+MIXER_SHORTHANDS = {'nala': 'NormAwareLinearAttention', 'softmax': 'SoftmaxAttention',
+                    'linear': 'LinearAttention'}
 NUM_STAGES = 4
 
 
@@ -99,16 +102,47 @@ class ConvFFN(nn.Module):
         return rearrange(self.fc2(hidden), 'b h w c -> b c h w')
 
 
+def mixer_config(attn_type: Union[str, dict], nala_kwargs: dict) -> dict:
+    """A stage's ``attn_types`` entry -> the mixer's registry config (without its sizes).
+
+    ``'nala'`` takes the backbone-wide NaLa settings (kernel, alpha, lam, tau); a dict is used
+    as given, so ``dict(type='NormAwareLinearAttention', norm_aware=False)`` sets its own.
+    """
+    if isinstance(attn_type, str):
+        if attn_type not in MIXER_SHORTHANDS:
+            raise ValueError(f'unknown attention type {attn_type!r}; expected one of '
+                             f'{tuple(MIXER_SHORTHANDS)} or a registered mixer config dict')
+        cfg = dict(type=MIXER_SHORTHANDS[attn_type])
+        if attn_type == 'nala':
+            cfg.update(nala_kwargs)
+        return cfg
+    if isinstance(attn_type, dict) and 'type' in attn_type:
+        if {'embed_dims', 'num_heads'} & set(attn_type):
+            raise ValueError(f'a mixer config takes its sizes from the stage; remove embed_dims/'
+                             f'num_heads from {attn_type}')
+        return dict(attn_type)
+    raise TypeError(f'an attn_types entry must be one of {tuple(MIXER_SHORTHANDS)} or a dict with '
+                    f"a 'type', got {attn_type!r}")
+
+
+def build_mixer(cfg: dict, channels: int, num_heads: int) -> GatedAttention:
+    mixer = MODELS.build(dict(cfg, embed_dims=channels, num_heads=num_heads))
+    if not isinstance(mixer, GatedAttention):
+        raise TypeError(f'mixer {cfg["type"]!r} built a {type(mixer).__name__}; a token mixer '
+                        f'must subclass nala_mm.models.GatedAttention (the shared qkvg/LePE/'
+                        f'gate wrapper)')
+    return mixer
+
+
 class NaLaBlock(nn.Module):
     """cpe1 -> attention -> cpe2 -> FFN, each residual; LayerScale and DropPath on the branches."""
 
-    def __init__(self, channels: int, num_heads: int, mlp_ratio: float, attn_type: str,
-                 attn_kwargs: dict, layer_scale_init: float, drop_path: float, with_cp: bool):
+    def __init__(self, channels: int, num_heads: int, mlp_ratio: float, mixer_cfg: dict,
+                 layer_scale_init: float, drop_path: float, with_cp: bool):
         super().__init__()
         self.cpe1 = depthwise_conv(channels)
         self.norm1 = LayerNorm2d(channels)
-        attn_cls = ATTENTION_TYPES[attn_type]
-        self.attn = attn_cls(channels, num_heads, **(attn_kwargs if attn_type == 'nala' else {}))
+        self.attn = build_mixer(mixer_cfg, channels, num_heads)
         self.cpe2 = depthwise_conv(channels)
         self.norm2 = LayerNorm2d(channels)
         self.ffn = ConvFFN(channels, int(channels * mlp_ratio))
@@ -182,8 +216,12 @@ class NaLaFormer(BaseModule):
     Args:
         arch: ``'xt' | 't' | 's' | 'b' | 'l'`` or a dict with ``embed_dims, depths, num_heads``
             (and optionally ``mlp_ratios, layer_scale_init_values, drop_path_rate``).
-        attn_types: per stage ``'nala'`` or ``'softmax'``; the released hybrid by default.
-        kernel, alpha, lam, tau: passed to every NaLa layer (see ``NormAwareLinearAttention``).
+        attn_types: per stage a token mixer: ``'nala'``, ``'softmax'``, ``'linear'`` (plain
+            linear attention), or a registered mixer's config dict such as
+            ``dict(type='NormAwareLinearAttention', norm_aware=False)``; the released hybrid
+            ``('nala', 'nala', 'softmax', 'softmax')`` by default.
+        kernel, alpha, lam, tau: settings of every ``'nala'`` shorthand (see
+            ``NormAwareLinearAttention``).
         in_channels: image channels.
         out_indices: stages whose features (before the downsample) are returned.
         out_norm: pass each returned map through its own LayerNorm ``out_norm{i}`` (as Swin does
@@ -200,7 +238,7 @@ class NaLaFormer(BaseModule):
     """
 
     def __init__(self, arch: Union[str, dict] = 't',
-                 attn_types: Sequence[str] = ('nala', 'nala', 'softmax', 'softmax'),
+                 attn_types: Sequence[Union[str, dict]] = ('nala', 'nala', 'softmax', 'softmax'),
                  kernel: str = 'cosine', alpha: float = 20.0, lam: float = 3.0,
                  tau: float = 0.5, in_channels: int = 3,
                  out_indices: Sequence[int] = (0, 1, 2, 3), out_norm: bool = True,
@@ -213,10 +251,8 @@ class NaLaFormer(BaseModule):
         attn_types = tuple(attn_types)
         if len(attn_types) != NUM_STAGES:
             raise ValueError(f'attn_types needs {NUM_STAGES} entries, got {attn_types}')
-        for attn_type in attn_types:
-            if attn_type not in ATTENTION_TYPES:
-                raise ValueError(f'unknown attention type {attn_type!r}; expected one of '
-                                 f'{tuple(ATTENTION_TYPES)}')
+        nala_kwargs = dict(kernel=kernel, alpha=alpha, lam=lam, tau=tau)
+        mixer_cfgs = [mixer_config(t, nala_kwargs) for t in attn_types]
         out_indices = tuple(out_indices)
         if not out_indices or any(not 0 <= i < NUM_STAGES for i in out_indices):
             raise ValueError(f'out_indices must be non-empty and within 0..{NUM_STAGES - 1}, got '
@@ -239,7 +275,6 @@ class NaLaFormer(BaseModule):
         self.norm_eval = norm_eval
 
         self.patch_embed = PatchEmbed(in_channels, self.embed_dims[0], norm_cfg)
-        attn_kwargs = dict(kernel=kernel, alpha=alpha, lam=lam, tau=tau)
         depths = settings['depths']
         drop_rates = torch.linspace(0, drop_path_rate, sum(depths)).tolist()
         self.layers = nn.ModuleList()
@@ -247,7 +282,7 @@ class NaLaFormer(BaseModule):
             first = sum(depths[:i])
             blocks = nn.ModuleList(
                 NaLaBlock(self.embed_dims[i], settings['num_heads'][i], settings['mlp_ratios'][i],
-                          attn_types[i], attn_kwargs, settings['layer_scale_init_values'][i],
+                          mixer_cfgs[i], settings['layer_scale_init_values'][i],
                           drop_rates[first + j], with_cp)
                 for j in range(depths[i]))
             downsample = Downsample(self.embed_dims[i], self.embed_dims[i + 1], norm_cfg) \

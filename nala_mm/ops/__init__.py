@@ -1,10 +1,19 @@
-"""Attention kernels: the plain reference and the fast path of NaLa, and 2D RoPE."""
-from .nala_fast import nala_attention
-from .nala_reference import KERNELS, NaLaConfig, nala_attention_matrix, nala_attention_reference
-from .rope2d import (apply_rope, apply_rope_reference, rope_angle_buffer, rope_frequencies,
-                     rope_phasor, rope_table)
+"""Attention math: feature maps, kernelised attention (fast and reference modes), NaLa's
+configuration, 2D RoPE, and the released op order for comparisons."""
+from .export import is_exporting
+from .feature_maps import (PLAIN_FEATURE_MAPS, SIGN_SPLITS, FeatureMap, build_plain_feature_map,
+                           build_sign_split)
+from .kernelized import (MODES, kernelized_attention, kernelized_attention_reference,
+                         kernelized_attention_weights)
+from .nala import (KERNELS, NaLaConfig, nala_attention, nala_attention_matrix,
+                   nala_attention_reference)
+from .rope2d import (apply_rope, apply_rope_real, apply_rope_reference, rope_angle_buffer,
+                     rope_frequencies, rope_phasor, rope_table)
 
 __all__ = [
-    'KERNELS', 'NaLaConfig', 'nala_attention', 'nala_attention_reference', 'nala_attention_matrix',
-    'apply_rope', 'apply_rope_reference', 'rope_angle_buffer', 'rope_frequencies', 'rope_phasor', 'rope_table',
+    'is_exporting', 'PLAIN_FEATURE_MAPS', 'SIGN_SPLITS', 'FeatureMap', 'build_plain_feature_map',
+    'build_sign_split', 'MODES', 'kernelized_attention', 'kernelized_attention_reference',
+    'kernelized_attention_weights', 'KERNELS', 'NaLaConfig', 'nala_attention',
+    'nala_attention_matrix', 'nala_attention_reference', 'apply_rope', 'apply_rope_real',
+    'apply_rope_reference', 'rope_angle_buffer', 'rope_frequencies', 'rope_phasor', 'rope_table',
 ]

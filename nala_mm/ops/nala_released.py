@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .nala_reference import NORM_FLOOR
+from .feature_maps import NORM_FLOOR
 from .rope2d import apply_rope_reference
 
 

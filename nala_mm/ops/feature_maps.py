@@ -1,0 +1,304 @@
+"""Feature maps of kernelised attention as small named objects, each in three forms.
+
+A kernelised attention (NaLa, plain linear attention) turns every query and key into a
+non-negative feature ``phi(x)`` and mixes values with ``phi(q) . phi(k)``. Each map here offers:
+
+* ``forward(x)``  plain, differentiable tensor ops: the reference and the export paths;
+* ``forward_(x)`` the same numbers without autograd, written into one buffer: the fast path;
+* ``backward(x, d_phi)`` the analytic gradient w.r.t. ``x``, recomputing what it needs from ``x``
+  (the fast path stores no feature for its backward);
+* ``expansion``: the feature width over the head dim (the attention state is ``expansion*d x d``).
+
+NaLa's maps (spec §1) are composed of a magnitude (the query direction raised to a norm-dependent
+power, or the cubed key) and a *sign split* that makes the feature non-negative: the released
+ReLU split, the paper's cosine inhibit, or the positive part alone (an ablation that discards
+signed interactions). Only the sign splits branch on the kernel; everything else is shared.
+"""
+import math
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+# A query of exactly zero norm has no direction; its features are defined as zero (the
+# released code divides 0 by 0 there).
+NORM_FLOOR = 1e-12
+QUARTER_PI = math.pi / 4
+
+
+def _norm(x: Tensor) -> Tensor:
+    return torch.linalg.vector_norm(x, dim=-1, keepdim=True)
+
+
+def _unit(x: Tensor) -> Tuple[Tensor, Tensor]:
+    norm = _norm(x)
+    return norm, x / norm.clamp_min(NORM_FLOOR)
+
+
+def _through_normalisation(d_direction: Tensor, direction: Tensor, norm: Tensor,
+                           d_norm: Optional[Tensor] = None) -> Tensor:
+    """Backward of ``u = x / ||x||`` (plus an optional gradient on ``||x||`` itself):
+    ``dx = du / ||x|| + u (d||x|| - (u . du) / ||x||)``."""
+    safe_norm = norm.clamp_min(NORM_FLOOR)
+    coef = (d_direction * direction).sum(dim=-1, keepdim=True).div_(safe_norm).neg_()
+    if d_norm is not None:
+        coef = coef.add_(d_norm)
+    return torch.addcmul(d_direction / safe_norm, direction, coef)
+
+
+# ------------------------------------------------------------------------------- sign splits
+class SignSplit:
+    """Non-negative magnitude ``m`` and signed source ``x`` -> the feature (spec §1.3)."""
+    name = ''
+    expansion = 2
+    uses_direction = False  # whether it reads the unit direction of x besides its sign
+
+    def split(self, magnitude: Tensor, source: Tensor, direction: Optional[Tensor]) -> Tensor:
+        raise NotImplementedError
+
+    def split_(self, magnitude: Tensor, source: Tensor, direction: Optional[Tensor]) -> Tensor:
+        raise NotImplementedError
+
+    def split_backward(self, d_features: Tensor, magnitude: Tensor, source: Tensor,
+                       direction: Optional[Tensor]) -> Tuple[Tensor, Optional[Tensor]]:
+        """Gradients w.r.t. the magnitude and (``uses_direction``) the direction."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+class ReLUSplit(SignSplit):
+    """``[m 1(x > 0) ; m 1(x < 0)]``: the released code (the cosine inhibit's limit alpha ->
+    inf). In the fast form ``m (1 +- sign x) / 2``: ``torch.where`` is far slower on CPU, and
+    ``m = 0`` wherever ``x = 0`` (both magnitudes vanish there)."""
+    name = 'relu'
+
+    def split(self, magnitude, source, direction=None):
+        return torch.cat([magnitude * (source > 0), magnitude * (source < 0)], dim=-1)
+
+    def split_(self, magnitude, source, direction=None):
+        dims = magnitude.shape[-1]
+        out = magnitude.new_empty(*magnitude.shape[:-1], 2 * dims)
+        first, second = out[..., :dims], out[..., dims:]
+        torch.addcmul(magnitude, magnitude, source.sign(), value=1.0, out=first).mul_(0.5)
+        torch.sub(magnitude, first, out=second)
+        return out
+
+    def split_backward(self, d_features, magnitude, source, direction=None):
+        dims = magnitude.shape[-1]
+        d_first, d_second = d_features[..., :dims], d_features[..., dims:]
+        return torch.addcmul(d_first + d_second, d_first - d_second,
+                             source.sign()).mul_(0.5), None
+
+
+class PositivePart(SignSplit):
+    """``m 1(x > 0)``: keeps only same-sign positive interactions (ablation: negative
+    components, and every signed interaction through them, are discarded)."""
+    name = 'positive'
+    expansion = 1
+
+    def split(self, magnitude, source, direction=None):
+        return magnitude * (source > 0)
+
+    def split_(self, magnitude, source, direction=None):
+        return torch.addcmul(magnitude, magnitude, source.sign()).mul_(0.5)
+
+    def split_backward(self, d_features, magnitude, source, direction=None):
+        return torch.addcmul(d_features, d_features, source.sign()).mul_(0.5), None
+
+
+class CosineInhibit(SignSplit):
+    """``[m cos theta ; m sin theta]`` with ``theta = (pi/4) tanh(alpha u)`` per component of
+    the unit direction u: the paper's form. Same-sign pairs interact fully, opposite-sign pairs
+    are inhibited, and ``||[m cos, m sin]|| = m``."""
+    name = 'cosine'
+    uses_direction = True
+
+    def __init__(self, alpha: float):
+        self.alpha = alpha
+
+    def _theta(self, direction: Tensor) -> Tensor:
+        return torch.tanh(self.alpha * direction) * QUARTER_PI
+
+    def split(self, magnitude, source, direction=None):
+        theta = self._theta(direction)
+        return torch.cat([magnitude * torch.cos(theta), magnitude * torch.sin(theta)], dim=-1)
+
+    def split_(self, magnitude, source, direction=None):
+        dims = magnitude.shape[-1]
+        out = magnitude.new_empty(*magnitude.shape[:-1], 2 * dims)
+        theta = self._theta(direction)
+        torch.mul(magnitude, torch.cos(theta), out=out[..., :dims])
+        torch.mul(magnitude, theta.sin_(), out=out[..., dims:])
+        return out
+
+    def split_backward(self, d_features, magnitude, source, direction=None):
+        dims = magnitude.shape[-1]
+        d_first, d_second = d_features[..., :dims], d_features[..., dims:]
+        tanh_u = torch.tanh(self.alpha * direction)
+        theta = tanh_u * QUARTER_PI
+        cos, sin = torch.cos(theta), theta.sin_()
+        d_magnitude = d_first * cos + d_second * sin
+        # d/dtheta [m cos, m sin] = m [-sin, cos]; dtheta/du = (pi/4) alpha (1 - tanh^2(alpha u))
+        d_theta = (d_second * cos).sub_(d_first * sin).mul_(magnitude)
+        slope = tanh_u.square_().neg_().add_(1.0).mul_(QUARTER_PI * self.alpha)
+        return d_magnitude, d_theta.mul_(slope)
+
+    def __repr__(self) -> str:
+        return f'cosine(alpha={self.alpha:g})'
+
+
+SIGN_SPLITS = ('cosine', 'relu', 'positive')
+
+
+def build_sign_split(kernel: str, alpha: float = 20.0) -> SignSplit:
+    if kernel == 'cosine':
+        return CosineInhibit(alpha)
+    if kernel == 'relu':
+        return ReLUSplit()
+    if kernel == 'positive':
+        return PositivePart()
+    raise ValueError(f'unknown NaLa kernel {kernel!r}; expected one of {SIGN_SPLITS}')
+
+
+# --------------------------------------------------------------------------- token features
+class FeatureMap:
+    """Per-token feature ``phi(x)`` of kernelised attention (module docstring).
+
+    ``flops_per_feature``: the element-wise work per output element the FLOP counter charges
+    (an elementary function counts as one flop; see :mod:`nala_mm.analysis`).
+    """
+    expansion = 1
+    flops_per_feature = 1
+
+    def forward(self, x: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def forward_(self, x: Tensor) -> Tensor:
+        return self.forward(x)
+
+    def backward(self, x: Tensor, d_features: Tensor) -> Tensor:
+        raise NotImplementedError
+
+
+class NormAwareQuery(FeatureMap):
+    """NaLa's query feature: the direction ``u = q/||q||`` raised per token to
+    ``p = lam (tau + tanh ||q||)`` (or a fixed ``p`` without norm awareness), then split."""
+    # norm, divide, power, angle, cos and sin, two products: ~8 per component, shared by its
+    # two outputs (the relu split does less; counted alike so the count depends on shapes)
+    flops_per_feature = 4
+
+    def __init__(self, split: SignSplit, lam: float, tau: float, norm_aware: bool = True,
+                 fixed_power: float = 3.0):
+        self.split, self.lam, self.tau = split, lam, tau
+        self.norm_aware, self.fixed_power = norm_aware, fixed_power
+        self.expansion = split.expansion
+
+    def power(self, rho: Tensor) -> Tensor:
+        if self.norm_aware:
+            return torch.tanh(rho).add(self.tau).mul(self.lam)
+        return torch.full_like(rho, self.fixed_power)
+
+    def forward(self, q):
+        rho, direction = _unit(q)
+        return self.split.split(direction.abs() ** self.power(rho), direction, direction)
+
+    def forward_(self, q):
+        rho, direction = _unit(q)
+        return self.split.split_(direction.abs().pow_(self.power(rho)), direction, direction)
+
+    def backward(self, q, d_features):
+        rho, direction = _unit(q)
+        power = self.power(rho)
+        magnitude = direction.abs().pow_(power)
+        d_magnitude, d_angle = self.split.split_backward(d_features, magnitude, direction,
+                                                         direction)
+        weighted = d_magnitude.mul_(magnitude)  # dL/dm * m
+        # m = |u|^p: dm/du = p m / u, dm/dp = m log|u|; both are 0 where u = 0 (p > 1, m = 0),
+        # which dividing by / taking the log of 1 there gives without a branch.
+        safe_direction = direction + (direction == 0)
+        d_rho = None
+        if self.norm_aware:
+            d_power = (weighted * safe_direction.abs().log_()).sum(-1, keepdim=True)
+            d_rho = d_power.mul_(torch.tanh(rho).square_().neg_().add_(1.0)).mul_(self.lam)
+        d_u = weighted.div_(safe_direction).mul_(power)
+        if d_angle is not None:
+            d_u = d_u.add_(d_angle)
+        return _through_normalisation(d_u, direction, rho, d_rho)
+
+    def __repr__(self) -> str:
+        power = (f'p=lam(tau+tanh|q|), lam={self.lam:g}, tau={self.tau:g}' if self.norm_aware
+                 else f'p={self.fixed_power:g} (not norm-aware)')
+        return f'NormAwareQuery({self.split!r}, {power})'
+
+
+class CubedKey(FeatureMap):
+    """NaLa's key feature: ``|k|^3``, split by the sign (or the direction) of k."""
+    flops_per_feature = 4  # as NormAwareQuery
+
+    def __init__(self, split: SignSplit):
+        self.split = split
+        self.expansion = split.expansion
+
+    def forward(self, k):
+        direction = _unit(k)[1] if self.split.uses_direction else None
+        return self.split.split(k.abs() ** 3, k, direction)
+
+    def forward_(self, k):
+        direction = _unit(k)[1] if self.split.uses_direction else None
+        return self.split.split_(k.abs().pow_(3), k, direction)
+
+    def backward(self, k, d_features):
+        norm, direction = _unit(k) if self.split.uses_direction else (None, None)
+        d_magnitude, d_angle = self.split.split_backward(d_features, k.abs().pow_(3), k,
+                                                         direction)
+        d_k = d_magnitude.mul_(k).mul_(k.abs()).mul_(3.0)  # d|k|^3/dk = 3 k |k|
+        if d_angle is not None:
+            d_k = d_k.add_(_through_normalisation(d_angle, direction, norm))
+        return d_k
+
+    def __repr__(self) -> str:
+        return f'CubedKey({self.split!r})'
+
+
+class ReLUFeature(FeatureMap):
+    """``relu(x)``: plain linear attention's map. Positively homogeneous, so the query norm
+    cancels between numerator and normaliser (the failure NaLa starts from)."""
+
+    def forward(self, x):
+        return F.relu(x)
+
+    def backward(self, x, d_features):
+        return d_features * (x > 0)
+
+    def __repr__(self) -> str:
+        return 'relu'
+
+
+class ELUFeature(FeatureMap):
+    """``1 + elu(x)``: the other classic positive map of linear attention."""
+    flops_per_feature = 2  # exp on the negative side, the added one
+
+    def forward(self, x):
+        return F.elu(x) + 1.0
+
+    def backward(self, x, d_features):
+        # d(1 + elu)/dx = 1 for x > 0, exp(x) otherwise: exp(min(x, 0)) is both
+        return d_features * torch.exp(x.clamp(max=0.0))
+
+    def __repr__(self) -> str:
+        return 'elu+1'
+
+
+PLAIN_FEATURE_MAPS = ('relu', 'elu')
+
+
+def build_plain_feature_map(name: str) -> FeatureMap:
+    if name == 'relu':
+        return ReLUFeature()
+    if name == 'elu':
+        return ELUFeature()
+    raise ValueError(f'unknown linear-attention feature_map {name!r}; expected one of '
+                     f'{PLAIN_FEATURE_MAPS}')

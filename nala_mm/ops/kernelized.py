@@ -1,0 +1,181 @@
+"""Kernelised (linear) attention with 2D RoPE on the numerator: one op, two modes.
+
+Per head, with feature maps ``F_q = phi_q(q)``, ``F_k = phi_k(k)`` (``(N, e*d)``, see
+:mod:`.feature_maps`), ``G = rope(F)`` and ``kbar = mean_j F_k``:
+
+    z = 1 / (F_q kbar^T + eps),   S = G_k^T v / N,   o = (G_q S) z
+
+NaLa (spec §1) and plain linear attention differ only in their feature maps. Modes:
+
+* ``'reference'``: the formula in plain tensor ops, differentiated by autograd. It is the readable
+  ground truth, and what runs while a model is exported (no autograd.Function, real-valued RoPE).
+* ``'fast'``: one autograd node with a hand-written backward. The forward keeps only q, k, v, the
+  small state S (``e*d x d``), the key mean and the per-token normaliser; the backward recomputes
+  the element-wise features from q and k and applies the maps' analytic derivatives. Both passes
+  walk the tokens in chunks (S and kbar are sums over tokens), so the transient memory is
+  ``O(chunk * d)`` instead of ``O(N * d)``. RoPE is one complex multiply over the whole feature.
+
+Backward of the fast mode (``G = rope(F)``):
+    dnum = dO z,        dz = sum(dO * G_q S) -> dden = -dz z^2
+    dS = G_q^T dnum,    dG_q = dnum S^T,     dF_q = rope^-1(dG_q) + dden kbar
+    dkbar = dden^T F_q, dv = G_k dS / N,     dG_k = v dS^T / N,  dF_k = rope^-1(dG_k) + dkbar / N
+then ``phi.backward`` of each map.
+"""
+from typing import Iterator, Optional, Tuple
+
+import torch
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+from .feature_maps import FeatureMap
+from .rope2d import apply_rope, apply_rope_reference, rope_phasor
+
+MODES = ('fast', 'reference')
+# Tokens per chunk: large enough that per-chunk overhead vanishes, small enough that the
+# element-wise temporaries of a chunk stay in cache-sized blocks (4096 x 128 floats = 2 MiB).
+DEFAULT_CHUNK = 4096
+Rope = Optional[Tuple[Tensor, Tensor]]
+
+
+# ------------------------------------------------------------------------------ reference
+def _features(q: Tensor, k: Tensor, query_map: FeatureMap, key_map: FeatureMap,
+              eps: float) -> Tuple[Tensor, Tensor, Tensor]:
+    """phi(q), phi(k) and the normaliser z (from the unrotated features)."""
+    phi_q, phi_k = query_map.forward(q), key_map.forward(k)
+    normaliser = 1.0 / (phi_q @ phi_k.mean(dim=-2, keepdim=True).transpose(-1, -2) + eps)
+    return phi_q, phi_k, normaliser
+
+
+def _rotate_reference(x: Tensor, rope: Rope) -> Tensor:
+    return x if rope is None else apply_rope_reference(x, *rope)
+
+
+def kernelized_attention_reference(q: Tensor, k: Tensor, v: Tensor, query_map: FeatureMap,
+                                   key_map: FeatureMap, eps: float = 1e-6,
+                                   rope: Rope = None) -> Tensor:
+    phi_q, phi_k, normaliser = _features(q, k, query_map, key_map, eps)
+    phi_q, phi_k = _rotate_reference(phi_q, rope), _rotate_reference(phi_k, rope)
+    state = phi_k.transpose(-1, -2) @ v / k.shape[-2]  # (e*d, d): linear in N
+    return (phi_q @ state) * normaliser
+
+
+def kernelized_attention_weights(q: Tensor, k: Tensor, query_map: FeatureMap,
+                                 key_map: FeatureMap, eps: float = 1e-6,
+                                 query_rope: Rope = None, key_rope: Rope = None) -> Tensor:
+    """The implied weights ``(..., N_q, N_k)`` (output = weights @ v), for tests and inspection.
+
+    ``q`` may hold a few query rows (their RoPE entries in ``query_rope``) against all keys:
+    rows of chosen queries stay cheap at full resolution, where the whole matrix is quadratic.
+    Without RoPE each row is a distribution (non-negative, sums to 1).
+    """
+    phi_q, phi_k, normaliser = _features(q, k, query_map, key_map, eps)
+    phi_q, phi_k = _rotate_reference(phi_q, query_rope), _rotate_reference(phi_k, key_rope)
+    return (phi_q @ phi_k.transpose(-1, -2)) * normaliser / k.shape[-2]
+
+
+# ------------------------------------------------------------------------------ fast
+def _rotate(x: Tensor, phasor: Optional[Tensor], inverse: bool = False) -> Tensor:
+    return x if phasor is None else apply_rope(x, phasor, inverse=inverse)
+
+
+def _chunks(n_tokens: int, chunk: int) -> Iterator[Tuple[int, int]]:
+    for start in range(0, n_tokens, chunk):
+        yield start, min(chunk, n_tokens - start)
+
+
+def _rows(t: Optional[Tensor], start: int, length: int) -> Optional[Tensor]:
+    """Token rows [start, start + length) of a (..., N, x) tensor or an (N, 1, x) phasor."""
+    if t is None:
+        return None
+    return t.narrow(-3 if t.is_complex() else -2, start, length)
+
+
+class _KernelizedAttention(torch.autograd.Function):
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, phasor: Optional[Tensor],
+                query_map: FeatureMap, key_map: FeatureMap, eps: float, chunk: int):
+        *batch, n_tokens, dims = q.shape
+        width = key_map.expansion * dims
+        key_sum = q.new_zeros(*batch, 1, width)
+        state = q.new_zeros(*batch, width, v.shape[-1])
+        for start, length in _chunks(n_tokens, chunk):
+            phi_k = key_map.forward_(_rows(k, start, length))
+            key_sum += phi_k.sum(dim=-2, keepdim=True)
+            rotated = _rotate(phi_k, _rows(phasor, start, length))
+            state += rotated.transpose(-1, -2) @ _rows(v, start, length)
+        key_mean = key_sum.div_(n_tokens)
+        state = state.div_(n_tokens)
+
+        out = q.new_empty(*batch, n_tokens, v.shape[-1])
+        normaliser = q.new_empty(*batch, n_tokens, 1)
+        for start, length in _chunks(n_tokens, chunk):
+            phi_q = query_map.forward_(_rows(q, start, length))
+            z = torch.reciprocal((phi_q @ key_mean.transpose(-1, -2)).add_(eps))
+            _rows(normaliser, start, length).copy_(z)
+            rotated = _rotate(phi_q, _rows(phasor, start, length))
+            torch.mul(rotated @ state, z, out=_rows(out, start, length))
+        ctx.save_for_backward(q, k, v, phasor, key_mean, state, normaliser)
+        ctx.maps, ctx.chunk = (query_map, key_map), chunk
+        return out
+
+    @staticmethod
+    # The hand-written backward is not differentiable itself: refuse double backward rather
+    # than return silently wrong second-order gradients.
+    @once_differentiable
+    def backward(ctx, d_out: Tensor):
+        q, k, v, phasor, key_mean, state, normaliser = ctx.saved_tensors
+        (query_map, key_map), chunk = ctx.maps, ctx.chunk
+        n_tokens = k.shape[-2]
+
+        d_q = torch.empty_like(q)
+        d_state = torch.zeros_like(state)
+        d_key_mean = torch.zeros_like(key_mean)
+        for start, length in _chunks(n_tokens, chunk):
+            rope = _rows(phasor, start, length)
+            q_rows = _rows(q, start, length)
+            phi_q = query_map.forward_(q_rows)
+            rot_q = _rotate(phi_q, rope)
+            z = _rows(normaliser, start, length)
+            d_num = _rows(d_out, start, length) * z
+            # dden = -(sum dO * num) z^2 = -(sum d_num * G_q S) z
+            d_den = ((d_num * (rot_q @ state)).sum(-1, keepdim=True)).mul_(z).neg_()
+            d_state += rot_q.transpose(-1, -2) @ d_num
+            del rot_q
+            d_phi_q = _rotate(d_num @ state.transpose(-1, -2), rope, inverse=True)
+            d_phi_q.addcmul_(d_den, key_mean)
+            d_key_mean += d_den.transpose(-1, -2) @ phi_q
+            del phi_q
+            _rows(d_q, start, length).copy_(query_map.backward(q_rows, d_phi_q))
+
+        d_k, d_v = torch.empty_like(k), torch.empty_like(v)
+        d_state.div_(n_tokens)
+        d_key_mean.div_(n_tokens)
+        for start, length in _chunks(n_tokens, chunk):
+            rope = _rows(phasor, start, length)
+            k_rows = _rows(k, start, length)
+            rot_k = _rotate(key_map.forward_(k_rows), rope)
+            _rows(d_v, start, length).copy_(rot_k @ d_state)
+            del rot_k
+            d_phi_k = _rotate(_rows(v, start, length) @ d_state.transpose(-1, -2), rope,
+                              inverse=True).add_(d_key_mean)
+            _rows(d_k, start, length).copy_(key_map.backward(k_rows, d_phi_k))
+        return d_q, d_k, d_v, None, None, None, None, None
+
+
+def kernelized_attention(q: Tensor, k: Tensor, v: Tensor, query_map: FeatureMap,
+                         key_map: FeatureMap, eps: float = 1e-6, rope: Rope = None,
+                         mode: str = 'fast', chunk: int = DEFAULT_CHUNK) -> Tensor:
+    """Kernelised attention on ``(B, heads, N, d)`` float32 tensors; ``rope`` = ``(cos, sin)``.
+
+    ``chunk`` bounds the tokens the fast mode processes at once (memory of the temporaries),
+    not the result.
+    """
+    if mode == 'reference':
+        return kernelized_attention_reference(q, k, v, query_map, key_map, eps, rope)
+    if mode != 'fast':
+        raise ValueError(f'unknown attention mode {mode!r}; expected one of {MODES}')
+    if chunk < 1:
+        raise ValueError(f'chunk must be >= 1 token, got chunk={chunk}')
+    phasor = None if rope is None else rope_phasor(*rope)
+    return _KernelizedAttention.apply(q, k, v, phasor, query_map, key_map, eps, chunk)

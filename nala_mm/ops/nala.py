@@ -1,0 +1,78 @@
+"""NaLa, norm-aware linear attention (spec §1): its hyper-parameters and feature maps.
+
+The attention itself is :func:`nala_mm.ops.kernelized.kernelized_attention` with NaLa's maps:
+the query direction raised to ``p = lam (tau + tanh ||q||)`` and the cubed key, both made
+non-negative by the kernel's sign split (``'cosine'``: the paper's cosine inhibit; ``'relu'``: the
+released code; ``'positive'``: positive part only, an ablation).
+"""
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+from torch import Tensor
+
+from .feature_maps import SIGN_SPLITS, CubedKey, NormAwareQuery, build_sign_split
+from .kernelized import (DEFAULT_CHUNK, kernelized_attention, kernelized_attention_reference,
+                         kernelized_attention_weights)
+
+KERNELS = SIGN_SPLITS
+
+
+@dataclass(frozen=True)
+class NaLaConfig:
+    """Hyper-parameters of the norm-aware kernel.
+
+    kernel:      ``'cosine'`` (paper), ``'relu'`` (released code) or ``'positive'`` (ablation:
+                 signed interactions discarded).
+    alpha:       sharpness of the cosine-inhibit angle ``(pi/4) tanh(alpha x/||x||)``.
+    lam, tau:    query power ``p(rho) = lam * (tau + tanh(rho))``.
+    eps:         added to the normaliser.
+    norm_aware:  ``False`` replaces ``p(rho)`` by ``fixed_power`` (ablation: the output then no
+                 longer depends on the query norm).
+    fixed_power: the exponent without norm awareness; 3 is the middle of ``p``'s range [1.5, 4.5).
+    """
+    kernel: str = 'cosine'
+    alpha: float = 20.0
+    lam: float = 3.0
+    tau: float = 0.5
+    eps: float = 1e-6
+    norm_aware: bool = True
+    fixed_power: float = 3.0
+
+    def __post_init__(self):
+        if self.kernel not in KERNELS:
+            raise ValueError(f'unknown NaLa kernel {self.kernel!r}; expected one of {KERNELS}')
+        for name in ('alpha', 'lam', 'fixed_power'):
+            value = getattr(self, name)
+            if not value > 0:
+                raise ValueError(f'NaLa {name} must be > 0, got {name}={value}')
+        if self.tau < 0:
+            raise ValueError(f'NaLa tau must be >= 0 (the power must stay positive), got tau={self.tau}')
+        if not self.eps > 0:
+            raise ValueError(f'NaLa eps must be > 0, got eps={self.eps}')
+        if not isinstance(self.norm_aware, bool):
+            raise TypeError(f'NaLa norm_aware must be True or False, got {self.norm_aware!r}')
+
+    def feature_maps(self) -> Tuple[NormAwareQuery, CubedKey]:
+        split = build_sign_split(self.kernel, self.alpha)
+        return (NormAwareQuery(split, self.lam, self.tau, self.norm_aware, self.fixed_power),
+                CubedKey(split))
+
+
+Rope = Optional[Tuple[Tensor, Tensor]]
+
+
+def nala_attention(q: Tensor, k: Tensor, v: Tensor, cfg: NaLaConfig, rope: Rope = None,
+                   mode: str = 'fast', chunk: int = DEFAULT_CHUNK) -> Tensor:
+    """NaLa attention on ``(B, heads, N, d)`` float32 tensors; ``rope`` = ``(cos, sin)``."""
+    return kernelized_attention(q, k, v, *cfg.feature_maps(), cfg.eps, rope, mode, chunk)
+
+
+def nala_attention_reference(q: Tensor, k: Tensor, v: Tensor, cfg: NaLaConfig,
+                             rope: Rope = None) -> Tensor:
+    """The plain form, differentiated by autograd (the ground truth of the fast mode)."""
+    return kernelized_attention_reference(q, k, v, *cfg.feature_maps(), cfg.eps, rope)
+
+
+def nala_attention_matrix(q: Tensor, k: Tensor, cfg: NaLaConfig, rope: Rope = None) -> Tensor:
+    """The implied N x N attention, for tests and inspection only (quadratic memory)."""
+    return kernelized_attention_weights(q, k, *cfg.feature_maps(), cfg.eps, rope, rope)
