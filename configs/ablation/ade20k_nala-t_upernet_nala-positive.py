@@ -1,0 +1,8 @@
+# Ablation on ADE20K: the flagship UperNet + NaLaFormer-T recipe with the same token mixer in all
+# four stages: NaLa keeping only the positive part (signed interactions discarded).
+# Every mixer shares the wrapper's parameters (qkvg, lepe, ln, out_proj), so the released T
+# weights load into each; they were trained with NaLa (ReLU split) in stages 1-2 and softmax in
+# 3-4, which favours those. For a from-scratch comparison add
+#   --cfg-options model.backbone.init_cfg=None
+_base_ = ['../ade20k_nala_upernet.py']
+model = dict(backbone=dict(attn_types=[dict(type='NormAwareLinearAttention', kernel='positive')] * 4))
