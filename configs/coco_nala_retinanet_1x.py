@@ -1,8 +1,9 @@
-# NaLaFormer-T + RetinaNet, COCO 1x: 12 epochs, AdamW 1e-4, steps at 8 and 11.
+# NaLaFormer-T + RetinaNet, COCO 1x: 12 epochs, AdamW 1e-4, steps at 8 and 11, fine-tuned from the
+# authors' ImageNet weights (configs/_base_/nala_pretrained.py).
 _base_ = [
     'mmdet::_base_/models/retinanet_r50_fpn.py', 'mmdet::_base_/datasets/coco_detection.py',
     'mmdet::_base_/schedules/schedule_1x.py', 'mmdet::_base_/default_runtime.py',
-    './_base_/nala_runtime.py'
+    './_base_/nala_runtime.py', './_base_/nala_det_tta.py', './_base_/nala_pretrained.py'
 ]
 custom_imports = dict(imports=['nala_mm'], allow_failed_imports=False)
 
@@ -12,12 +13,15 @@ model = dict(
         type='NaLaFormer',
         arch='t',
         attn_types=('nala', 'nala', 'softmax', 'softmax'),
-        kernel='cosine',
+        # The authors' ImageNet weights were trained with the ReLU-split kernel (the released
+        # code's hard limit of the cosine inhibit), so fine-tuning from them runs that kernel;
+        # kernel='cosine' is the paper's form (spec §1.3), for training from scratch or ablations.
+        kernel='relu',
         # only the stages the FPN reads, so no parameter goes unused
         out_indices=(1, 2, 3),
         frozen_stages=0,
         norm_eval=True,
-        init_cfg=None),
+        init_cfg=dict(type='Pretrained', checkpoint={{_base_.nala_checkpoints.t}})),
     neck=dict(in_channels=[128, 256, 512], start_level=0, num_outs=5))
 
 max_epochs = 12

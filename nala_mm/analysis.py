@@ -91,7 +91,9 @@ def kernelized_flop_jit(inputs: List[Any], outputs: List[Any]) -> Counter:
     if not q_shape == k_shape == v_shape:
         raise ValueError(f'kernelised attention flop handle expects q, k, v of one shape, got '
                          f'{q_shape}, {k_shape}, {v_shape}')
-    query_map, key_map = outputs[0].node().scalar_args()[:2]
+    # without RoPE the phasor argument is a None scalar ahead of the maps: pick them by type
+    query_map, key_map = [a for a in outputs[0].node().scalar_args()
+                          if isinstance(a, FeatureMap)][:2]
     *groups, n_tokens, head_dim = q_shape
     return kernelized_attention_flop_counts(n_tokens, head_dim, prod(groups), query_map, key_map,
                                             rope=len(inputs) > 3)

@@ -19,6 +19,7 @@ from mmengine.registry import init_default_scope
 from PIL import Image
 
 from nala_mm.datasets.synthetic_ade import generate_ade_like
+from nala_mm.hooks import select_rng_state
 from nala_mm.models.attention import NormAwareLinearAttention
 from nala_mm.ops import NaLaConfig, nala_attention, nala_attention_reference, rope_table
 from nala_mm.runtime import load_config
@@ -111,6 +112,79 @@ def test_sigkill_then_resume_continues_with_identical_losses(tmp_path, small_ade
         assert after[it] == pytest.approx(reference[it], abs=1e-6, rel=0), it
 
 
+# Two ranks with their own seeds (seed + rank); the probe records each rank's next draws.
+RANK_EXTRA = """
+custom_imports = dict(imports=['nala_mm', 'tests._rng_probe'], allow_failed_imports=False)
+custom_hooks = [dict(type='RNGStateHook'), dict(type='RNGProbeHook')]
+randomness = dict(seed=0, diff_rank_seed=True)
+train_dataloader = dict(batch_size=2, num_workers=1, persistent_workers=True,
+                        dataset=dict(data_root=data_root))
+default_hooks = dict(checkpoint=dict(interval=2), logger=dict(interval=1))
+"""
+
+
+def probes(work_dir, rank):
+    with open(osp.join(work_dir, f'rng_probe_rank{rank}.jsonl')) as f:
+        return {r['iter']: (r['torch'], r['numpy'], r['python'])
+                for r in map(json.loads, f)}
+
+
+def dist_train(config, work_dir, port, *extra):
+    proc = subprocess.run(
+        ['bash', 'tools/dist_train.sh', config, '2', '--work-dir', str(work_dir), *extra],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+        env=dict(env(), PORT=str(port), OMP_NUM_THREADS='1', PYTHON=sys.executable))
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    return proc.stdout + proc.stderr
+
+
+def test_two_ranks_resume_their_own_random_streams(tmp_path, small_ade):
+    """diff_rank_seed=True under torchrun: after a resume every rank continues its own stream
+    (rank 0 writes the checkpoint, so the other ranks' states must be gathered into it)."""
+    config = write_config(tmp_path, small_ade, iters=4, extra=RANK_EXTRA)
+    straight = tmp_path / 'straight'
+    dist_train(config, straight, 29573)
+    reference = [probes(straight, rank) for rank in (0, 1)]
+    assert all(sorted(r) == [1, 2, 3, 4] for r in reference)
+    for it in (1, 3):  # each rank draws its own stream: torch, numpy and python all differ
+        assert all(a != b for a, b in zip(reference[0][it], reference[1][it])), it
+    saved = torch.load(straight / 'iter_2.pth', map_location='cpu')['rng_state']
+    assert saved['world_size'] == 2 and sorted(saved['ranks']) == [0, 1]
+
+    resumed = tmp_path / 'resumed'  # restart from the iteration-2 checkpoint of that run
+    log = dist_train(config, resumed, 29574, '--resume', str(straight / 'iter_2.pth'))
+    assert 'resumed epoch: 0, iter: 2' in log
+    for rank in (0, 1):
+        after = probes(resumed, rank)
+        assert sorted(after) == [3, 4]
+        for it in (3, 4):
+            assert after[it] == reference[rank][it], (rank, it)
+
+
+def _rank_states(count):
+    return {rank: dict(tag=rank) for rank in range(count)}
+
+
+def test_rng_states_after_a_world_size_change_stay_distinct_and_warn():
+    saved = dict(world_size=2, ranks=_rank_states(2))
+    assert select_rng_state(saved, 1, 2, shared_stream=False) == (dict(tag=1), None)
+    # grown to 3 ranks with per-rank seeds: ranks 0, 1 continue, rank 2 keeps its fresh seed
+    picks = [select_rng_state(saved, rank, 3, shared_stream=False) for rank in range(3)]
+    assert [state for state, _ in picks] == [dict(tag=0), dict(tag=1), None]
+    warning = picks[2][1]
+    assert 'world size 2' in warning and 'world size 3' in warning and 'ranks [2]' in warning
+    # shrunk to 1 rank: it continues rank 0's stream, with the warning
+    state, warning = select_rng_state(saved, 0, 1, shared_stream=False)
+    assert state == dict(tag=0) and 'world size 1' in warning
+    # diff_rank_seed=False: every rank draws one stream, so any saved state continues it exactly
+    assert select_rng_state(saved, 2, 3, shared_stream=True) == (dict(tag=0), None)
+    # a checkpoint from before per-rank states (one state, no ranks) still resumes one process
+    legacy = dict(torch=1, numpy=2, python=3)
+    assert select_rng_state(legacy, 0, 1, shared_stream=False) == (legacy, None)
+    state, warning = select_rng_state(legacy, 1, 2, shared_stream=False)
+    assert state is None and 'ranks [1]' in warning
+
+
 def test_kill_during_save_never_leaves_a_truncated_checkpoint(tmp_path, monkeypatch):
     target = tmp_path / 'iter_8.pth'
     backend = LocalBackend()
@@ -164,13 +238,13 @@ def test_amp_trains_200_iterations_without_nan(tmp_path, small_ade):
 def test_amp_forward_keeps_attention_math_in_float32():
     layer = NormAwareLinearAttention(16, 1)
     seen = []
-    original = layer._mix
+    original = layer.mix
 
     def spy(q, k, v, rope):
         seen.append((q.dtype, torch.is_autocast_enabled('cpu')))
         return original(q, k, v, rope)
 
-    layer._mix = spy
+    layer.mix = spy
     with torch.autocast('cpu', dtype=torch.bfloat16):
         out = layer(torch.randn(1, 16, 6, 6))
     assert seen == [(torch.float32, False)]

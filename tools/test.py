@@ -47,6 +47,34 @@ def _enable_visualization(cfg: Config, args: argparse.Namespace, detection: bool
             cfg.visualizer.save_dir = args.show_dir
 
 
+def _predicts_masks(node) -> bool:
+    """Whether a model config has a (non-None) mask head anywhere (Mask R-CNN, Cascade, ...)."""
+    if isinstance(node, dict):
+        return node.get('mask_head') is not None or any(_predicts_masks(v) for v in node.values())
+    if isinstance(node, (list, tuple)):
+        return any(_predicts_masks(v) for v in node)
+    return False
+
+
+def check_tta(cfg: Config, path: str, detection: bool) -> None:
+    """Refuse --tta with a message instead of an AttributeError deep in the Runner."""
+    missing = [key for key in ('tta_model', 'tta_pipeline') if cfg.get(key) is None]
+    if missing:
+        raise SystemExit(
+            f'--tta: config {path} defines no {" and no ".join(missing)}; test-time '
+            'augmentation needs both (a tta_model wrapping the model, e.g. '
+            "dict(type='DetTTAModel', tta_cfg=...) or dict(type='SegTTAModel'), and a "
+            "tta_pipeline with a TestTimeAug step). The detection configs inherit them from "
+            'configs/_base_/nala_det_tta.py; add it to the _base_ list, or test without --tta.')
+    if detection and cfg.tta_model.get('type') == 'DetTTAModel' and _predicts_masks(cfg.model):
+        # mmdet 3.3's DetTTAModel asserts that no view predicts masks
+        raise SystemExit(
+            f'--tta: config {path} predicts instance masks, and mmdet\'s DetTTAModel merges '
+            'boxes only (it refuses masks). Evaluate boxes with TTA by dropping the mask branch: '
+            '--cfg-options model.roi_head.mask_head=None test_evaluator.metric=bbox, '
+            'or test masks without --tta.')
+
+
 def build_config(args: argparse.Namespace) -> Config:
     cfg = load_config(args.config, args.launcher, args.cfg_options, args.work_dir)
     cfg.load_from = args.checkpoint
@@ -54,6 +82,7 @@ def build_config(args: argparse.Namespace) -> Config:
     if args.show or args.show_dir:
         _enable_visualization(cfg, args, detection)
     if args.tta:
+        check_tta(cfg, args.config, detection)
         cfg.test_dataloader.dataset.pipeline = cfg.tta_pipeline
         cfg.tta_model.module = cfg.model
         cfg.model = cfg.tta_model
