@@ -6,7 +6,7 @@ import subprocess
 import sys
 import time
 from statistics import median
-from typing import Callable, List
+from typing import Callable, Dict, List
 
 import torch
 
@@ -57,6 +57,25 @@ def median_ms(step: Callable[[], None], repeats: int, device: str, warmup: int =
             step()
             times.append((time.perf_counter() - start_s) * 1e3)
     return median(times)
+
+
+def interleaved_ms(steps: Dict[str, Callable[[], None]], repeats: int,
+                   warmup: int = 1) -> Dict[str, List[float]]:
+    """Wall times (CPU) of several engines doing the same work, taken in turns.
+
+    Each round times every engine once, so drift in a shared machine's load reaches all of them
+    alike; compare per-round ratios or medians, not single calls.
+    """
+    for _ in range(warmup):
+        for step in steps.values():
+            step()
+    times: Dict[str, List[float]] = {name: [] for name in steps}
+    for _ in range(repeats):
+        for name, step in steps.items():
+            start_s = time.perf_counter()
+            step()
+            times[name].append((time.perf_counter() - start_s) * 1e3)
+    return times
 
 
 def spawn(script: str, args: List[str], memory: bool, timeout: int = 3600) -> dict:

@@ -6,6 +6,7 @@ import math
 import os
 import os.path as osp
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -129,11 +130,18 @@ def probes(work_dir, rank):
                 for r in map(json.loads, f)}
 
 
-def dist_train(config, work_dir, port, *extra):
+def free_port() -> int:
+    """A port nothing listens on now (so parallel test runs do not collide on a fixed one)."""
+    with socket.socket() as sock:
+        sock.bind(('127.0.0.1', 0))
+        return sock.getsockname()[1]
+
+
+def dist_train(config, work_dir, *extra):
     proc = subprocess.run(
         ['bash', 'tools/dist_train.sh', config, '2', '--work-dir', str(work_dir), *extra],
         cwd=REPO, capture_output=True, text=True, timeout=600,
-        env=dict(env(), PORT=str(port), OMP_NUM_THREADS='1', PYTHON=sys.executable))
+        env=dict(env(), PORT=str(free_port()), OMP_NUM_THREADS='1', PYTHON=sys.executable))
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     return proc.stdout + proc.stderr
 
@@ -143,7 +151,7 @@ def test_two_ranks_resume_their_own_random_streams(tmp_path, small_ade):
     (rank 0 writes the checkpoint, so the other ranks' states must be gathered into it)."""
     config = write_config(tmp_path, small_ade, iters=4, extra=RANK_EXTRA)
     straight = tmp_path / 'straight'
-    dist_train(config, straight, 29573)
+    dist_train(config, straight)
     reference = [probes(straight, rank) for rank in (0, 1)]
     assert all(sorted(r) == [1, 2, 3, 4] for r in reference)
     for it in (1, 3):  # each rank draws its own stream: torch, numpy and python all differ
@@ -152,7 +160,7 @@ def test_two_ranks_resume_their_own_random_streams(tmp_path, small_ade):
     assert saved['world_size'] == 2 and sorted(saved['ranks']) == [0, 1]
 
     resumed = tmp_path / 'resumed'  # restart from the iteration-2 checkpoint of that run
-    log = dist_train(config, resumed, 29574, '--resume', str(straight / 'iter_2.pth'))
+    log = dist_train(config, resumed, '--resume', str(straight / 'iter_2.pth'))
     assert 'resumed epoch: 0, iter: 2' in log
     for rank in (0, 1):
         after = probes(resumed, rank)

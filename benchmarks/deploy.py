@@ -1,0 +1,268 @@
+"""Deployment benchmark: ONNX Runtime vs PyTorch eager for UperNet + NaLaFormer-T on CPU.
+
+For the all-linear and the hybrid segmentor, at each size: the graph ``tools/export_onnx.py``
+writes (input ``(1, 3, H, W)``, output the logits at input resolution; exported static at that
+size) runs in ONNX Runtime (CPUExecutionProvider) beside the same model in PyTorch eager (the
+fast NaLa path). One process, same weights, same input:
+  * parity: relative L2 error of ONNX Runtime's logits against PyTorch's;
+  * time: both engines in turns (a round times each once; ``--repeats`` rounds after one warm-up
+    round), so load drift on a shared machine reaches both; reported as medians, minima and the
+    median of the per-round ratios ONNX Runtime / PyTorch.
+  * torch.compile: what its graph capture (dynamo, ``backend='eager'``: no code generation)
+    makes of the model: graphs, graph breaks with their reasons, and graphs added when the input
+    size changes. ``--compile`` also times inductor-compiled code (compile minutes on 2 cores).
+Results: benchmarks/results/deploy.{json,md,png}.
+
+    python benchmarks/deploy.py [--sides 512 1024] [--repeats 5 3] [--compile]
+"""
+import argparse
+import json
+import os
+import os.path as osp
+import sys
+import tempfile
+import time
+from collections import Counter
+from statistics import median
+from typing import Dict, List
+
+import numpy as np
+import torch
+
+sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
+from common import interleaved_ms  # noqa: E402
+
+REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
+sys.path.insert(0, osp.join(REPO, 'tools'))
+from export_onnx import build_exportable, export, ort_session, relative_l2  # noqa: E402
+
+RESULTS = osp.join(REPO, 'benchmarks', 'results')
+# torch.compile's capture is examined on one model: the hybrid has the same NaLa layers (stages
+# 1-2), and capturing costs minutes here.
+CAPTURED_MODEL = 'nala_t_linear'
+MODELS: Dict[str, dict] = {
+    'nala_t_linear': dict(label='UperNet + NaLaFormer-T (all linear)',
+                          config=osp.join(REPO, 'configs', 'ade20k_nala-t-linear_upernet.py')),
+    'nala_t_hybrid': dict(label='UperNet + NaLaFormer-T (hybrid)',
+                          config=osp.join(REPO, 'configs', 'ade20k_nala_upernet.py')),
+}
+
+
+def timing_summary(times: Dict[str, List[float]]) -> dict:
+    ratios = [o / e for o, e in zip(times['onnxruntime'], times['eager'])]
+    summary = {f'{name}_{stat}_ms': fn(values) for name, values in times.items()
+               for stat, fn in (('median', median), ('min', min))}
+    return dict(summary, ratio_ort_over_eager=median(ratios), rounds=len(ratios), times_ms=times)
+
+
+def export_dynamic(module, side: int, path: str) -> float:
+    """One graph for every size (``--dynamic``), exported at ``side``; the seconds it took."""
+    start = time.perf_counter()
+    export(module, torch.randn(1, 3, side, side), path, ['seg_logits'], dynamic=True)
+    return time.perf_counter() - start
+
+
+def measure_onnx(module, session, side: int, repeats: int) -> dict:
+    """Parity and ONNX Runtime vs eager times, in turns, at ``side``."""
+    image = torch.randn(1, 3, side, side, generator=torch.Generator().manual_seed(side))
+    feed = {'input': image.numpy()}
+    with torch.no_grad():
+        expected = module(image).numpy()
+    error = relative_l2(session.run(['seg_logits'], feed)[0], expected)
+
+    def eager():
+        with torch.no_grad():
+            module(image)
+
+    times = interleaved_ms(dict(eager=eager, onnxruntime=lambda: session.run(None, feed)),
+                           repeats)
+    return dict(side=side, rel_l2=error, **timing_summary(times))
+
+
+def dynamo_capture(module, sides: List[int]) -> dict:
+    """Graphs and graph breaks of torch.compile's capture, and the graphs a new size adds."""
+    import torch._dynamo as dynamo
+    from torch._dynamo.utils import counters
+    dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(module, backend='eager')
+    graphs = []
+    start = time.perf_counter()
+    for side in sides:
+        with torch.no_grad():
+            compiled(torch.randn(1, 3, side, side))
+        graphs.append(counters['stats']['unique_graphs'])
+    reasons = Counter()
+    for reason, count in counters['graph_break'].items():
+        reasons[reason.splitlines()[0][:160]] += count
+    dynamo.reset()
+    return dict(sides=sides, graphs_after_each_size=graphs,
+                graph_breaks=sum(counters['graph_break'].values()),
+                break_reasons=dict(reasons.most_common(5)),
+                capture_s=time.perf_counter() - start)
+
+
+def time_inductor(module, sides: List[int], repeats: List[int]) -> List[dict]:
+    """Inductor-compiled code vs eager: compile time of each size's first call, then times."""
+    import torch._dynamo as dynamo
+    dynamo.reset()
+    compiled = torch.compile(module)
+    rows = []
+    for side, rounds in zip(sides, repeats):
+        image = torch.randn(1, 3, side, side)
+        start = time.perf_counter()
+        with torch.no_grad():
+            out = compiled(image)
+            expected = module(image)
+        first_s = time.perf_counter() - start
+
+        def run(fn):
+            def step():
+                with torch.no_grad():
+                    fn(image)
+            return step
+
+        times = interleaved_ms(dict(eager=run(module), compiled=run(compiled)), rounds)
+        rows.append(dict(side=side, first_call_s=first_s,
+                         rel_l2=relative_l2(out.numpy(), expected.numpy()),
+                         eager_median_ms=median(times['eager']),
+                         compiled_median_ms=median(times['compiled']), times_ms=times))
+    dynamo.reset()
+    return rows
+
+
+def write_markdown(result: dict, path: str) -> None:
+    load = ', '.join(f'{a:.1f} -> {b:.1f}' for a, b in zip(result['load_average_start'],
+                                                          result['load_average_end']))
+    lines = [f'# Deployment benchmark: ONNX Runtime vs PyTorch eager ({result["device"]})', '',
+             f'torch {result["torch"]}, onnxruntime {result["onnxruntime"]}, onnx '
+             f'{result["onnx"]}; batch 1; input (1, 3, H, W) -> logits at input resolution: '
+             f'one graph per model from `tools/export_onnx.py --dynamic` (opset '
+             f'{result["opset"]}), exported at {result["sides"][0]}² and run at every size. '
+             'Engines timed in turns after one warm-up round; ORT / eager = median of the '
+             'per-round ratios. Random weights (timing does not depend on them). Load average '
+             f'(1, 5, 15 min) at start -> end: {load} on this shared machine.', '',
+             '| model | kernel | side | rel. L2 error | PyTorch eager ms (median / min) | '
+             'ONNX Runtime ms (median / min) | ORT / eager | rounds |',
+             '|---|---|---|---|---|---|---|---|']
+    for model in result['models'].values():
+        for row in model['onnx']:
+            lines.append(
+                f'| {model["label"]} | {model["kernel"]} | {row["side"]} | '
+                f'{row["rel_l2"]:.1e} | {row["eager_median_ms"]:.0f} / {row["eager_min_ms"]:.0f} '
+                f'| {row["onnxruntime_median_ms"]:.0f} / {row["onnxruntime_min_ms"]:.0f} | '
+                f'{row["ratio_ort_over_eager"]:.2f} | {row["rounds"]} |')
+    lines += ['', 'Export time (dynamic H, W): ' + ', '.join(
+        f'{m["label"]} {m["export_s"]:.0f} s' for m in result['models'].values()) + '.']
+    lines += ['', '## torch.compile', '',
+              'Graph capture only (dynamo, `backend="eager"`, no code generation), the sizes in '
+              'turn:', '',
+              '| model | sides | graphs after each size | graph breaks | top break reasons |',
+              '|---|---|---|---|---|']
+    for model in result['models'].values():
+        if 'dynamo' not in model:
+            continue
+        capture = model['dynamo']
+        reasons = '; '.join(f'{count}x {reason}' for reason, count in
+                            capture['break_reasons'].items()) or '-'
+        lines.append(f'| {model["label"]} | {capture["sides"]} | '
+                     f'{capture["graphs_after_each_size"]} | {capture["graph_breaks"]} | '
+                     f'{reasons} |')
+    inductor = [(m['label'], row) for m in result['models'].values()
+                for row in m.get('inductor', [])]
+    if inductor:
+        lines += ['', '| model | side | first call (compile) s | compiled ms | eager ms | '
+                      'rel. L2 error |', '|---|---|---|---|---|---|']
+        lines += [f'| {label} | {row["side"]} | {row["first_call_s"]:.0f} | '
+                  f'{row["compiled_median_ms"]:.0f} | {row["eager_median_ms"]:.0f} | '
+                  f'{row["rel_l2"]:.1e} |' for label, row in inductor]
+    else:
+        lines += ['', 'Inductor code was not timed in this run (`--compile` not given).']
+    with open(path, 'w') as f:
+        f.write('\n'.join(lines) + '\n')
+
+
+def plot(result: dict, path: str) -> None:
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    groups = [(model['label'].split('(')[-1].rstrip(')'), row)
+              for model in result['models'].values() for row in model['onnx']]
+    x = np.arange(len(groups))
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    for offset, (key, label) in zip((-0.2, 0.2), (('eager', 'PyTorch eager'),
+                                                  ('onnxruntime', 'ONNX Runtime'))):
+        medians = [row[f'{key}_median_ms'] / 1e3 for _, row in groups]
+        spread = [[m - row[f'{key}_min_ms'] / 1e3 for m, (_, row) in zip(medians, groups)],
+                  [max(row['times_ms'][key]) / 1e3 - m for m, (_, row) in zip(medians, groups)]]
+        ax.bar(x + offset, medians, 0.4, yerr=spread, capsize=3, label=label)
+    ax.set_xticks(x, [f'{name}\n{row["side"]}²' for name, row in groups])
+    ax.set_ylabel('seconds per image (median; min-max)')
+    ax.set_yscale('log')
+    ax.set_title(f'UperNet + NaLaFormer-T inference, {result["device"]}')
+    ax.grid(True, axis='y', which='both', alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('--sides', nargs='+', type=int, default=[512, 1024])
+    parser.add_argument('--repeats', nargs='+', type=int, default=[5, 3],
+                        help='timed rounds per side (one number for all, or one per side)')
+    parser.add_argument('--models', nargs='+', choices=list(MODELS), default=list(MODELS))
+    parser.add_argument('--compile', action='store_true',
+                        help='also time inductor-compiled code (minutes of compilation)')
+    parser.add_argument('--out', default=RESULTS, help='output folder')
+    args = parser.parse_args()
+    repeats = args.repeats if len(args.repeats) == len(args.sides) else \
+        [args.repeats[0]] * len(args.sides)
+    import onnx
+    import onnxruntime
+
+    from export_onnx import DEFAULT_OPSET
+    result = dict(device=f'CPU, {torch.get_num_threads()} threads', torch=torch.__version__,
+                  onnx=onnx.__version__, onnxruntime=onnxruntime.__version__, opset=DEFAULT_OPSET,
+                  sides=args.sides, repeats=repeats, load_average_start=os.getloadavg(),
+                  models={})
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as work:
+        for name in args.models:
+            spec = MODELS[name]
+            torch.manual_seed(0)
+            module, _ = build_exportable(spec['config'])
+            backbone = module.segmentor.backbone
+            kernel = next(m.cfg.kernel for m in backbone.modules() if hasattr(m, 'cfg'))
+            entry = dict(label=spec['label'], config=osp.relpath(spec['config'], REPO),
+                         kernel=kernel, attn_types=list(map(str, backbone.attn_types)), onnx=[])
+            path = osp.join(work, f'{name}.onnx')
+            entry['export_s'] = export_dynamic(module, args.sides[0], path)
+            session = ort_session(path)
+            for side, rounds in zip(args.sides, repeats):
+                entry['onnx'].append(measure_onnx(module, session, side, rounds))
+                print(name, side, {k: v for k, v in entry['onnx'][-1].items() if k != 'times_ms'},
+                      flush=True)
+            del session
+            os.remove(path)
+            if name == CAPTURED_MODEL:
+                entry['dynamo'] = dynamo_capture(module, args.sides)
+                print(name, 'dynamo', entry['dynamo'], flush=True)
+            if args.compile:
+                entry['inductor'] = time_inductor(module, args.sides, repeats)
+            result['models'][name] = entry
+    result['total_s'] = time.perf_counter() - start
+    result['load_average_end'] = os.getloadavg()
+    os.makedirs(args.out, exist_ok=True)
+    stem = osp.join(args.out, 'deploy')
+    with open(stem + '.json', 'w') as f:
+        json.dump(result, f, indent=2)
+    write_markdown(result, stem + '.md')
+    plot(result, stem + '.png')
+    print(open(stem + '.md').read())
+    print(f'total {result["total_s"] / 60:.1f} min')
+
+
+if __name__ == '__main__':
+    main()
