@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup test test-e2e demo demo-det bench clean-demo
+.PHONY: setup test test-e2e demo demo-det bench ablation clean-demo
 
 setup:
 	@bash tools/setup_env.sh
@@ -26,6 +26,10 @@ demo-det: setup
 
 bench: setup
 	$(PY) benchmarks/attention.py
+
+# Token mixers at equal budget on the embedded data: 5 variants x 3 seeds (~35 min on 2 idle cores).
+ablation: setup
+	$(PY) benchmarks/ablation.py
 
 clean-demo:
 	rm -rf data/demo work_dirs/demo*
