@@ -13,8 +13,9 @@ What is exported (batch 1 unless ``--batch``; float32; graph input ``input``):
   * ``--backbone-only``: the NaLaFormer backbone of any config (mmseg or mmdet) to its stage
     features ``stage{i}`` for each ``i`` in ``out_indices``.
 ``--dynamic`` makes H and W symbolic. While an exporter traces, every token mixer computes with
-plain tensor ops (:func:`nala_mm.ops.is_exporting`); UperNet's adaptive pooling is swapped for an
-equivalent whose windows follow the runtime size. ``--exporter torchscript`` uses torch's legacy
+plain tensor ops (:func:`nala_mm.ops.is_exporting`), and the decode heads' adaptive pooling
+(UperNet) and scale-factor upsampling (Semantic FPN) are swapped for equivalents that follow the
+runtime size (:func:`make_exportable`). ``--exporter torchscript`` uses torch's legacy
 tracing exporter instead of ``torch.onnx.export(dynamo=True)``: same graph contract, exports in
 seconds rather than minutes, deprecated by torch.
 
@@ -36,6 +37,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from mmengine.config import DictAction
 from torch import Tensor, nn
 
@@ -106,15 +108,49 @@ class ExportableAdaptiveAvgPool2d(nn.Module):
         return rows @ x @ cols.transpose(0, 1)
 
 
-def replace_adaptive_pooling(module: nn.Module) -> int:
-    """Swap every ``nn.AdaptiveAvgPool2d`` in ``module`` for the exportable form; the count."""
-    targets = [(name, child) for name, child in module.named_modules()
-               if isinstance(child, nn.AdaptiveAvgPool2d)]
-    for name, child in targets:
+class ExportableUpsample(nn.Module):
+    """mmseg's ``Upsample`` by integral factors (Semantic FPN's head), exportable at any size.
+
+    mmseg computes the output size as ``int(h * factor)``, a Python number that tracing bakes
+    in, so the graph would resize every input to the export size's shape. Interpolating by the
+    factor itself gives the same size and, for an integral factor, the same sampling positions.
+    """
+
+    def __init__(self, factors: Tuple[int, int], mode: str, align_corners: Optional[bool]):
+        super().__init__()
+        self.factors, self.mode, self.align_corners = factors, mode, align_corners
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.interpolate(x, scale_factor=self.factors, mode=self.mode,
+                             align_corners=self.align_corners)
+
+
+def exportable_twin(module: nn.Module) -> Optional[nn.Module]:
+    """The exportable equivalent of ``module``, or ``None`` when it exports as it is."""
+    from mmseg.models.utils import Upsample
+    if isinstance(module, nn.AdaptiveAvgPool2d):
+        return ExportableAdaptiveAvgPool2d(module.output_size)
+    if isinstance(module, Upsample) and not module.size:
+        factors = module.scale_factor if isinstance(module.scale_factor, tuple) \
+            else (module.scale_factor,) * 2
+        if all(float(f).is_integer() for f in factors):
+            return ExportableUpsample(tuple(int(f) for f in factors), module.mode,
+                                      module.align_corners)
+    return None
+
+
+def make_exportable(module: nn.Module) -> int:
+    """Swap, in place, the modules whose traced form would bake in the export size (adaptive
+    pooling, mmseg's scale-factor ``Upsample``) for their equivalents; the number swapped."""
+    twins = []
+    for name, child in module.named_modules():
+        twin = exportable_twin(child)
+        if twin is not None:
+            twins.append((name, twin))
+    for name, twin in twins:
         parent_name, _, attr = name.rpartition('.')
-        setattr(module.get_submodule(parent_name), attr,
-                ExportableAdaptiveAvgPool2d(child.output_size))
-    return len(targets)
+        setattr(module.get_submodule(parent_name), attr, twin)
+    return len(twins)
 
 
 def missing_deploy_packages() -> List[str]:
@@ -152,10 +188,10 @@ def build_exportable(config: str, checkpoint: Optional[str] = None, backbone_onl
 
 def export(module: nn.Module, example: Tensor, path: str, output_names: Sequence[str],
            dynamic: bool, opset: int = DEFAULT_OPSET, exporter: str = 'dynamo') -> None:
-    """``torch.onnx.export`` of a copy of ``module`` with exportable adaptive pooling (``module``
-    itself is unchanged); graph input ``input``, H and W symbolic when ``dynamic``."""
+    """``torch.onnx.export`` of a copy of ``module`` made exportable (:func:`make_exportable`;
+    ``module`` itself is unchanged); graph input ``input``, H and W symbolic when ``dynamic``."""
     exportable = copy.deepcopy(module)
-    replace_adaptive_pooling(exportable)
+    make_exportable(exportable)
     os.makedirs(osp.dirname(osp.abspath(path)), exist_ok=True)
     names = dict(input_names=['input'], output_names=list(output_names), opset_version=opset)
     with torch.no_grad():
