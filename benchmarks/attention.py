@@ -1,43 +1,74 @@
-"""Attention benchmark: NaLa fast path vs the released op sequence vs softmax, time and memory.
+"""Attention benchmark: the NaLa op and the whole NaLa layer against the released op sequence,
+and softmax, time and peak memory against the number of tokens.
 
-Stage-1 shape of NaLaFormer-T (C = 64, one head, 2D RoPE), B = 1, N = H*W tokens. Each
-(implementation, N, mode) runs in its own process:
-  * time: median of the repeats after warm-up (forward, or forward + backward);
-  * memory: peak resident memory above the process's baseline on CPU (VmHWM, reset through
-    /proc/self/clear_refs, with glibc told to return large blocks at once so that freed memory
-    is not counted twice), or ``torch.cuda.max_memory_allocated`` on GPU.
-Results: benchmarks/results/attention.{json,md,png}.
+Stage-1 shape of NaLaFormer-T (C = 64, one head, d = 64, 2D RoPE), B = 1, N = H*W tokens:
+
+* op level, on ``(B, heads, N, d)`` q, k, v: our fast op (released ReLU kernel), the released op
+  sequence (:mod:`nala_mm.ops.nala_released`), softmax with an explicit N x N matrix, and SDPA;
+* layer level, the whole token mixer (qkvg, RoPE, NaLa, LePE, LayerNorm, SiLU gate, out_proj):
+  ``NormAwareLinearAttention`` on channels-last tokens, as the backbone block runs it, against
+  the released layer's op sequence on channels-first maps (token rearranges, the released op,
+  LePE on a channels-first copy of v); the same parameters and outputs (checked).
+
+Each (implementation, N, mode) runs in its own process (benchmarks/common.py): time = median
+after warm-up, memory = peak above the baseline. Results:
+benchmarks/results/attention.{json,md,png} (``attention_cuda.*`` on GPU).
 
     python benchmarks/attention.py                 # all cases
     python benchmarks/attention.py --sizes 32 64   # square side lengths
 """
 import argparse
-import json
 import os
 import os.path as osp
 import sys
 
 import torch
 import torch.nn.functional as F
+from einops import rearrange
+from torch import Tensor, nn
 
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
-from common import median_ms, peak_memory_mib, spawn  # noqa: E402
-from nala_mm.ops import NaLaConfig, apply_rope, nala_attention, rope_phasor, rope_table  # noqa: E402
+from common import (RESULTS, device_name, fmt, log_log_axes, markdown_table, median_ms,  # noqa
+                    peak_memory_mib, pyplot, spawn, write_json, write_markdown)
+from nala_mm.models.attention import NormAwareLinearAttention  # noqa: E402
+from nala_mm.ops import NaLaConfig, apply_rope, nala_attention, rope_phasor, rope_table  # noqa
 from nala_mm.ops.nala_released import nala_attention_released  # noqa: E402
 
-RESULTS = osp.join(osp.dirname(osp.abspath(__file__)), 'results')
 IMPLEMENTATIONS = {
-    'nala_fast': 'NaLa, fast path (ours)',
-    'nala_released': 'NaLa, released op sequence',
+    'nala_fast': 'NaLa op, fast (ours)',
+    'nala_released': 'NaLa op, released op sequence',
     'softmax_explicit': 'softmax, explicit N x N',
     'softmax_sdpa': 'softmax, SDPA',
+    'layer_fast': 'NaLa layer, ours (channels-last)',
+    'layer_released': 'NaLa layer, released op sequence',
 }
+LAYERS = ('layer_fast', 'layer_released')
 HEAD_DIM = 64
 # Explicit softmax keeps >= one N x N float32 matrix; beyond this it is not run but bounded.
 EXPLICIT_LIMIT_BYTES = 6 * 2 ** 30
 
 
-def attention_fn(name: str, height: int, width: int, device: str):
+class ReleasedNaLaLayer(nn.Module):
+    """The released token mixer's op sequence on channels-first maps, with the parameters of
+    ``layer`` (``qkvg``, ``lepe``, ``ln``, ``out_proj``)."""
+
+    def __init__(self, layer: NormAwareLinearAttention):
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, x: Tensor) -> Tensor:
+        layer, (height, width) = self.layer, x.shape[-2:]
+        q, k, v, gate = layer.qkvg(rearrange(x, 'b c h w -> b (h w) c')).chunk(4, dim=-1)
+        q, k, v = (rearrange(t, 'b n (m d) -> b m n d', m=layer.num_heads) for t in (q, k, v))
+        rope = rope_table(height, width, layer.head_dims, device=x.device)
+        mixed = rearrange(nala_attention_released(q, k, v, rope=rope), 'b m n d -> b n (m d)')
+        v_map = rearrange(v, 'b m (h w) d -> b (m d) h w', h=height)
+        lepe = rearrange(layer.lepe(v_map), 'b c h w -> b (h w) c')
+        out = layer.out_proj(layer.ln(mixed + lepe) * F.silu(gate))
+        return rearrange(out, 'b (h w) c -> b c h w', h=height)
+
+
+def op_fn(name: str, height: int, width: int, device: str):
     cos, sin = (t.to(device) for t in rope_table(height, width, HEAD_DIM))
     cfg = NaLaConfig(kernel='relu')  # the released kernel: both NaLa forms compute the same
     phasor = rope_phasor(cos, sin)
@@ -58,72 +89,93 @@ def attention_fn(name: str, height: int, width: int, device: str):
     return explicit
 
 
-def run_case(name: str, side: int, mode: str, measure: str, repeats: int, device: str) -> dict:
+def make_step(name: str, side: int, mode: str, device: str):
     torch.manual_seed(0)
-    n_tokens = side * side
-    fn = attention_fn(name, side, side, device)
-    q, k, v = (torch.randn(1, 1, n_tokens, HEAD_DIM, device=device,
-                           requires_grad=(mode == 'fwd_bwd')) for _ in range(3))
-    grad = torch.randn(1, 1, n_tokens, HEAD_DIM, device=device)
+    grad_needed = mode == 'fwd_bwd'
+    if name in LAYERS:
+        layer = NormAwareLinearAttention(HEAD_DIM, 1, kernel='relu').to(device)
+        # channels-last tokens for ours, a channels-first map for the released sequence
+        shape = (1, side, side, HEAD_DIM) if name == 'layer_fast' else (1, HEAD_DIM, side, side)
+        module = layer if name == 'layer_fast' else ReleasedNaLaLayer(layer)
+        x = torch.randn(*shape, device=device, requires_grad=grad_needed)
+        inputs, fn = (x,), module
+        grad = torch.randn(shape, device=device)
+    else:
+        fn = op_fn(name, side, side, device)
+        inputs = tuple(torch.randn(1, 1, side * side, HEAD_DIM, device=device,
+                                   requires_grad=grad_needed) for _ in range(3))
+        grad = torch.randn(1, 1, side * side, HEAD_DIM, device=device)
 
     def step():
         if mode == 'fwd':
             with torch.no_grad():
-                fn(q, k, v)
+                fn(*inputs)
         else:
-            fn(q, k, v).backward(grad)
-            q.grad = k.grad = v.grad = None
+            fn(*inputs).backward(grad)
+            for t in inputs:
+                t.grad = None
+            if name in LAYERS:
+                layer.zero_grad(set_to_none=True)
         if device == 'cuda':
             torch.cuda.synchronize()
-
-    if measure == 'memory':
-        return dict(peak_mib=peak_memory_mib(step, device))
-    return dict(median_ms=median_ms(step, repeats, device, warmup=3), repeats=repeats)
+    return step
 
 
-def write_markdown(rows: list, ratios: dict, device_name: str, path: str) -> None:
-    lines = [f'# Attention benchmark ({device_name})', '',
-             f'B = 1, one head, d = {HEAD_DIM}, 2D RoPE; time = median after warm-up; memory = '
-             'peak above baseline.', '',
-             '| implementation | N | fwd ms | fwd+bwd ms | fwd MiB | fwd+bwd MiB |',
-             '|---|---|---|---|---|---|']
-    for row in rows:
-        def cell(key):
-            value = row.get(key)
-            return row.get(key + '_note', '-') if value is None else f'{value:.1f}'
-        lines.append(f"| {IMPLEMENTATIONS[row['impl']]} | {row['tokens']} | {cell('fwd_ms')} | "
-                     f"{cell('fwd_bwd_ms')} | {cell('fwd_mib')} | {cell('fwd_bwd_mib')} |")
-    lines += ['', '## Ratios', ''] + [f'- {k}: {v}' for k, v in ratios.items()]
-    with open(path, 'w') as f:
-        f.write('\n'.join(lines) + '\n')
-
-
-def plot(rows: list, path: str) -> None:
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    for impl, label in IMPLEMENTATIONS.items():
-        mine = [r for r in rows if r['impl'] == impl]
-        for ax, key in zip(axes, ('fwd_bwd_ms', 'fwd_bwd_mib')):
-            points = [(r['tokens'], r[key]) for r in mine if r.get(key) is not None]
-            if points:
-                ax.plot(*zip(*points), marker='o', label=label)
-    for ax, title in zip(axes, ('forward + backward time (ms)', 'forward + backward peak (MiB)')):
-        ax.set_xscale('log')
-        ax.set_yscale('log')
-        ax.set_xlabel('tokens N')
-        ax.set_title(title)
-        ax.grid(True, which='both', alpha=0.3)
-    axes[0].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+def check_layers_agree(device: str) -> float:
+    """Relative L2 between our layer and the released sequence on one input (same function)."""
+    torch.manual_seed(0)
+    layer = NormAwareLinearAttention(HEAD_DIM, 1, kernel='relu').to(device)
+    x = torch.randn(1, HEAD_DIM, 24, 20, device=device)
+    with torch.no_grad():
+        ours = layer(x.permute(0, 2, 3, 1).contiguous()).permute(0, 3, 1, 2)
+        released = ReleasedNaLaLayer(layer)(x)
+    return float((ours - released).norm() / released.norm())
 
 
 def ratio(rows, impl_a, impl_b, tokens, key):
     a = next((r.get(key) for r in rows if r['impl'] == impl_a and r['tokens'] == tokens), None)
     b = next((r.get(key) for r in rows if r['impl'] == impl_b and r['tokens'] == tokens), None)
     return None if a is None or b is None else a / b
+
+
+def summarise(rows: list, sizes: list) -> dict:
+    ratios = {}
+    n16k = 16384 if 128 in sizes else None
+    if n16k:
+        for slow, fast, what in (('nala_released', 'nala_fast', 'op'),
+                                 ('layer_released', 'layer_fast', 'layer')):
+            speed = ratio(rows, slow, fast, n16k, 'fwd_bwd_ms')
+            memory = ratio(rows, fast, slow, n16k, 'fwd_bwd_mib')
+            ratios[f'{what}: released / ours, fwd+bwd time at N=16384 (speed-up)'] = fmt(speed, 2)
+            ratios[f'{what}: ours / released, fwd+bwd peak memory at N=16384'] = fmt(memory, 3)
+    largest = max(sizes) ** 2
+    fast_peak = next((r.get('fwd_bwd_mib') for r in rows
+                      if r['impl'] == 'nala_fast' and r['tokens'] == largest), None)
+    explicit = next((r for r in rows if r['impl'] == 'softmax_explicit'
+                     and r['tokens'] == largest), {})
+    explicit_peak = explicit.get('fwd_bwd_mib') or explicit.get('fwd_bwd_mib_lower_bound')
+    if fast_peak and explicit_peak:
+        bound = '' if explicit.get('fwd_bwd_mib') else ' (vs the lower bound of explicit softmax)'
+        ratios[f'fast op vs explicit softmax at N={largest}, peak memory reduction'] = \
+            f'{100 * (1 - fast_peak / explicit_peak):.2f}%{bound}'
+    return ratios
+
+
+def plot(rows: list, path: str) -> None:
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for impl, label in IMPLEMENTATIONS.items():
+        mine = [r for r in rows if r['impl'] == impl]
+        for ax, key in zip(axes, ('fwd_bwd_ms', 'fwd_bwd_mib')):
+            points = [(r['tokens'], r[key]) for r in mine if r.get(key) is not None]
+            if points:
+                ax.plot(*zip(*points), marker='o', label=label,
+                        linestyle='--' if impl in LAYERS else '-')
+    log_log_axes(axes[0], 'forward + backward time (ms)', 'tokens N')
+    log_log_axes(axes[1], 'forward + backward peak (MiB)', 'tokens N')
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
 
 
 def main() -> None:
@@ -137,13 +189,22 @@ def main() -> None:
     parser.add_argument('--out', default=RESULTS)
     args = parser.parse_args()
     if args.case:
-        name, side, mode, measure, repeats, device = args.case
-        print(json.dumps(run_case(name, int(side), mode, measure, int(repeats), device)))
+        import json
+        name, side, mode, what, repeats, device = args.case
+        step = make_step(name, int(side), mode, device)
+        if what == 'memory':
+            step()  # one-time allocations (kernel caches, RoPE tables) are not the step's
+            result = dict(peak_mib=peak_memory_mib(step, device))
+        else:
+            result = dict(median_ms=median_ms(step, int(repeats), device, warmup=3))
+        print(json.dumps(result))
         return
 
     from tqdm import tqdm
-    device_name = torch.cuda.get_device_name() if args.device == 'cuda' else \
-        f'CPU, {torch.get_num_threads()} threads'
+    layers_rel_l2 = check_layers_agree(args.device)
+    if layers_rel_l2 > 1e-5:
+        raise RuntimeError(f'our layer and the released sequence differ (relative L2 '
+                           f'{layers_rel_l2:.2e}): the comparison would not be like for like')
     rows = []
     cases = [(impl, side) for side in args.sizes for impl in IMPLEMENTATIONS]
     for impl, side in tqdm(cases, desc='attention cases'):
@@ -170,38 +231,25 @@ def main() -> None:
                     row[f'{mode}_error'] = result['error']
         rows.append(row)
 
-    ratios = {}
-    n16k = next((s * s for s in args.sizes if s * s == 16384), None)
-    if n16k:
-        speed = ratio(rows, 'nala_released', 'nala_fast', n16k, 'fwd_bwd_ms')
-        memory = ratio(rows, 'nala_fast', 'nala_released', n16k, 'fwd_bwd_mib')
-        ratios['fast vs released at N=16384, fwd+bwd speed-up'] = \
-            None if speed is None else f'{speed:.2f}x'
-        ratios['fast / released at N=16384, fwd+bwd peak memory'] = \
-            None if memory is None else f'{memory:.3f}'
-    largest = max(args.sizes) ** 2
-    fast_peak = next((r.get('fwd_bwd_mib') for r in rows
-                      if r['impl'] == 'nala_fast' and r['tokens'] == largest), None)
-    explicit = next((r for r in rows if r['impl'] == 'softmax_explicit'
-                     and r['tokens'] == largest), {})
-    explicit_peak = explicit.get('fwd_bwd_mib') or explicit.get('fwd_bwd_mib_lower_bound')
-    if fast_peak and explicit_peak:
-        bound = '' if explicit.get('fwd_bwd_mib') else ' (vs the lower bound of explicit softmax)'
-        ratios[f'fast vs explicit softmax at N={largest}, peak memory reduction'] = \
-            f'{100 * (1 - fast_peak / explicit_peak):.2f}%{bound}'
-    fast_peaks = {r['tokens']: r.get('fwd_bwd_mib') for r in rows if r['impl'] == 'nala_fast'}
-    for small, big in zip(args.sizes, args.sizes[1:]):
-        low, high = fast_peaks.get(small * small), fast_peaks.get(big * big)
-        if low and high:
-            ratios[f'fast path fwd+bwd memory growth {small * small} -> {big * big} tokens'] = \
-                f'{high / low:.2f}x for {(big / small) ** 2:.0f}x tokens'
-
+    ratios = summarise(rows, args.sizes)
+    device = device_name(args.device)
     os.makedirs(args.out, exist_ok=True)
     stem = osp.join(args.out, 'attention' if args.device == 'cpu' else f'attention_{args.device}')
-    with open(stem + '.json', 'w') as f:
-        json.dump(dict(device=device_name, torch=torch.__version__, head_dim=HEAD_DIM,
-                       rows=rows, ratios=ratios), f, indent=2)
-    write_markdown(rows, ratios, device_name, stem + '.md')
+    write_json(stem + '.json', dict(device=device, torch=torch.__version__, head_dim=HEAD_DIM,
+                                    layers_relative_l2=layers_rel_l2, rows=rows, ratios=ratios))
+
+    def cell(row, key):
+        return row.get(key + '_note', '-') if row.get(key) is None else f'{row[key]:.1f}'
+    lines = [f'# Attention benchmark ({device})', '',
+             f'B = 1, one head, d = {HEAD_DIM}, 2D RoPE; time = median after warm-up; memory = '
+             'peak above baseline. Layers: the whole token mixer (C = 64); ours and the released '
+             f'sequence agree to a relative L2 of {layers_rel_l2:.1e}.', '']
+    lines += markdown_table(
+        ['implementation', 'N', 'fwd ms', 'fwd+bwd ms', 'fwd MiB', 'fwd+bwd MiB'],
+        [[IMPLEMENTATIONS[r['impl']], r['tokens']] +
+         [cell(r, k) for k in ('fwd_ms', 'fwd_bwd_ms', 'fwd_mib', 'fwd_bwd_mib')] for r in rows])
+    lines += ['', '## Ratios', ''] + [f'- {k}: {v}' for k, v in ratios.items()]
+    write_markdown(stem + '.md', lines)
     plot(rows, stem + '.png')
     print(open(stem + '.md').read())
 

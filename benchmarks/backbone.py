@@ -1,34 +1,34 @@
-"""Backbone benchmark: NaLaFormer-T (hybrid, all-linear, all-linear in the released op sequence)
-vs mmseg's Swin-T, time and peak memory against the input size.
+"""Backbone benchmark: NaLaFormer-T (all linear, hybrid, all linear in the released op sequence)
+vs mmseg's Swin-T, time and peak memory against the input size, inference and training step.
 
-Batch 1, eval mode (BatchNorm on running statistics, no DropPath) for both measurements, so the
-forward is the same one: ``fwd`` under ``torch.no_grad``, and with ``--backward`` also
-``fwd_bwd`` (forward, then backward of the sum of the four outputs; parameter gradients count
-in its memory). At 1056 x 1056 the stride-4 stage holds 264^2 = ~70K tokens. The released-style
-model is the all-linear one whose mixers run
-:func:`nala_mm.ops.nala_released.nala_attention_released` (separate ReLU copies, concatenations,
-four RoPE calls) instead of the fast path, through the registered ``ReleasedNaLaAttention``. Measuring, processes and outputs as in
-benchmarks/segmentor.py. Results: benchmarks/results/backbone.{json,md,png}.
+NaLa layers use the released kernel (``kernel='relu'``), as the fine-tuning configs do. The
+released-style model is the all-linear one whose mixers run
+:func:`nala_mm.ops.nala_released.nala_attention_released` (separate ReLU copies,
+concatenations, four RoPE calls) instead of the fast op, through the registered
+``ReleasedNaLaAttention``. Inference: eval mode, batch 1, ``torch.no_grad``. Training step:
+train mode (BatchNorm statistics, DropPath), forward + backward of the sum of the four outputs,
+batch 2. Measuring, processes and outputs: benchmarks/common.py.
+Results: benchmarks/results/backbone.{json,md,png}.
 
-    python benchmarks/backbone.py                        # forward, 224 448 896 1056
-    python benchmarks/backbone.py --backward             # and forward + backward
-    python benchmarks/backbone.py --sizes 224 448 --models nala_t_linear swin_t
+    python benchmarks/backbone.py                          # fwd 1024 2048, train 512 1024
+    python benchmarks/backbone.py --sizes 512 --train-sizes --models nala_t_linear swin_t
 """
 import os.path as osp
+import sys
 from typing import Dict
 
 import torch
 from torch import nn
 
-from nala_mm.models import GatedAttention
-from nala_mm.ops.nala_released import nala_attention_released
-from nala_mm.registry import register_model
-from segmentor import Step, cli
+sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
+from common import Step, sweep_cli  # noqa: E402
+from nala_mm.models import GatedAttention  # noqa: E402
+from nala_mm.ops.nala_released import nala_attention_released  # noqa: E402
+from nala_mm.registry import register_model  # noqa: E402
 
-LINEAR = ('nala', 'nala', 'nala', 'nala')
 BACKBONES: Dict[str, dict] = {
-    'nala_t_hybrid': dict(label='NaLaFormer-T (hybrid)'),
     'nala_t_linear': dict(label='NaLaFormer-T (all linear)'),
+    'nala_t_hybrid': dict(label='NaLaFormer-T (hybrid)'),
     'nala_t_linear_released': dict(label='NaLaFormer-T (all linear, released op sequence)'),
     'swin_t': dict(label='Swin-T'),
 }
@@ -50,29 +50,32 @@ def build_backbone(name: str) -> nn.Module:
                                window_size=7, out_indices=(0, 1, 2, 3))
     from nala_mm.models import NaLaFormer
     if name == 'nala_t_hybrid':
-        return NaLaFormer(arch='t')
+        return NaLaFormer(arch='t', kernel='relu')
     if name == 'nala_t_linear':
-        return NaLaFormer(arch='t', attn_types=LINEAR)
+        return NaLaFormer(arch='t', attn_types=('nala',) * 4, kernel='relu')
     return NaLaFormer(arch='t', attn_types=(dict(type='ReleasedNaLaAttention'),) * 4)
 
 
-def backbone_step(name: str, side: int, mode: str, device: str) -> Step:
+def backbone_step(name: str, side: int, mode: str, batch: int, device: str) -> Step:
     model = build_backbone(name).to(device)
-    model.eval()  # not chained: mmseg's SwinTransformer.train() returns None
-    image = torch.randn(1, 3, side, side, device=device)
+    image = torch.randn(batch, 3, side, side, device=device)
+    if mode == 'fwd':
+        model.eval()  # not chained: mmseg's SwinTransformer.train() returns None
 
-    def forward() -> None:
-        with torch.no_grad():
-            model(image)
+        def forward() -> None:
+            with torch.no_grad():
+                model(image)
+        return forward
 
-    def forward_backward() -> None:
+    model.train()
+
+    def train_step() -> None:
         sum(out.sum() for out in model(image)).backward()
         model.zero_grad(set_to_none=True)
-
-    return forward if mode == 'fwd' else forward_backward
+    return train_step
 
 
 if __name__ == '__main__':
-    cli(osp.abspath(__file__), __doc__, 'backbone', BACKBONES, backbone_step,
-        default_sizes=(224, 448, 896, 1056), description='Backbone benchmark',
-        backward_flag=True)
+    sweep_cli(osp.abspath(__file__), __doc__, 'backbone', BACKBONES, backbone_step,
+              reference='swin_t', default_sizes=dict(fwd=(1024, 2048), train=(512, 1024)),
+              description='Backbone benchmark')

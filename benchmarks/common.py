@@ -1,16 +1,34 @@
-"""Measurement helpers shared by the benchmark scripts: one case per process, peak memory
-above the process's baseline, median time after warm-up."""
+"""What every benchmark script shares: measuring (peak memory above a baseline, median and
+interleaved times), one case per process, the size sweep with its command line, and the writers
+of the results (JSON, a markdown table, a plot).
+
+A sweep script (backbone.py, segmentor.py) defines its models and a ``make_step(name, side,
+mode, batch, device)`` that returns one call to time, then calls :func:`sweep_cli`. Modes:
+
+* ``fwd``: eval mode, ``torch.no_grad``, batch 1 (inference);
+* ``train``: train mode, forward + backward of the loss (parameter gradients are part of the
+  step's memory, optimizer state is not), batch ``--train-batch``.
+"""
+import argparse
 import json
 import os
+import os.path as osp
 import subprocess
 import sys
 import time
 from statistics import median
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional, Sequence
 
+import numpy as np
 import torch
 
+RESULTS = osp.join(osp.dirname(osp.abspath(__file__)), 'results')
+MODES = ('fwd', 'train')
+MODE_TITLES = {'fwd': 'inference (no grad)', 'train': 'training step (forward + backward)'}
+Step = Callable[[], None]
 
+
+# ------------------------------------------------------------------------------ measuring
 def _status_kib(field: str) -> int:
     with open('/proc/self/status') as f:
         for line in f:
@@ -19,7 +37,7 @@ def _status_kib(field: str) -> int:
     raise RuntimeError(f'{field} not in /proc/self/status')
 
 
-def peak_memory_mib(step: Callable[[], None], device: str) -> float:
+def peak_memory_mib(step: Step, device: str) -> float:
     """Peak memory of one ``step()`` above what was held before it.
 
     CPU: the resident-set high-water mark (VmHWM), reset through /proc/self/clear_refs; run
@@ -40,7 +58,7 @@ def peak_memory_mib(step: Callable[[], None], device: str) -> float:
     return (_status_kib('VmHWM') - base) / 1024
 
 
-def median_ms(step: Callable[[], None], repeats: int, device: str, warmup: int = 1) -> float:
+def median_ms(step: Step, repeats: int, device: str, warmup: int = 1) -> float:
     for _ in range(warmup):
         step()
     times: List[float] = []
@@ -59,8 +77,7 @@ def median_ms(step: Callable[[], None], repeats: int, device: str, warmup: int =
     return median(times)
 
 
-def interleaved_ms(steps: Dict[str, Callable[[], None]], repeats: int,
-                   warmup: int = 1) -> Dict[str, List[float]]:
+def interleaved_ms(steps: Dict[str, Step], repeats: int, warmup: int = 1) -> Dict[str, List[float]]:
     """Wall times (CPU) of several engines doing the same work, taken in turns.
 
     Each round times every engine once, so drift in a shared machine's load reaches all of them
@@ -78,14 +95,212 @@ def interleaved_ms(steps: Dict[str, Callable[[], None]], repeats: int,
     return times
 
 
+def measure(step: Step, what: str, repeats: int, warmup: int, device: str) -> dict:
+    """Peak memory of one ``step`` or its median time, after ``warmup`` steps (so one-time
+    allocations such as kernel caches and gradient buffers are part of the baseline)."""
+    if what == 'memory':
+        for _ in range(warmup):
+            step()
+        return dict(peak_mib=peak_memory_mib(step, device))
+    return dict(median_ms=median_ms(step, repeats, device, warmup=warmup), repeats=repeats)
+
+
+def device_name(device: str) -> str:
+    if device == 'cuda':
+        return torch.cuda.get_device_name()
+    return f'CPU, {torch.get_num_threads()} threads'
+
+
+# ------------------------------------------------------------------------------ processes
 def spawn(script: str, args: List[str], memory: bool, timeout: int = 3600) -> dict:
     """Run ``script --case *args`` in a fresh process; it prints one JSON line last."""
     env = dict(os.environ)
     if memory:
         env['MALLOC_MMAP_THRESHOLD_'] = '65536'  # large frees go back to the OS at once
-    proc = subprocess.run([sys.executable, script, '--case', *args], capture_output=True,
-                          text=True, env=env, timeout=timeout)
+    try:
+        proc = subprocess.run([sys.executable, script, '--case', *args], capture_output=True,
+                              text=True, env=env, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return dict(error=f'timeout after {timeout} s')
     if proc.returncode != 0:
         lines = proc.stderr.strip().splitlines()
         return dict(error=lines[-1] if lines else f'exit code {proc.returncode}')
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# ------------------------------------------------------------------------------ writers
+def write_json(path: str, payload: dict) -> None:
+    with open(path, 'w') as f:
+        json.dump(payload, f, indent=2)
+
+
+def markdown_table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> List[str]:
+    return ['| ' + ' | '.join(columns) + ' |', '|' + '---|' * len(columns)] + \
+        ['| ' + ' | '.join(map(str, row)) + ' |' for row in rows]
+
+
+def write_markdown(path: str, lines: Sequence[str]) -> None:
+    with open(path, 'w') as f:
+        f.write('\n'.join(lines) + '\n')
+
+
+def log_log_axes(ax, title: str, xlabel: str) -> None:
+    ax.set_xscale('log')
+    ax.set_yscale('log')
+    ax.set_xlabel(xlabel)
+    ax.set_title(title)
+    ax.grid(True, which='both', alpha=0.3)
+
+
+def pyplot():
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def fmt(value: Optional[float], digits: int = 1) -> str:
+    return '-' if value is None else f'{value:.{digits}f}'
+
+
+# ------------------------------------------------------------------------------ size sweeps
+def run_cases(script: str, models: Dict[str, dict], plan: Dict[str, Sequence[int]],
+              batches: Dict[str, int], repeats: int, warmup: int, device: str,
+              timeout: int) -> List[dict]:
+    """Every (mode, side, model) of ``plan`` in two fresh processes (memory, then time); models
+    interleaved at each size so that drift in the machine's load reaches all of them."""
+    from tqdm import tqdm
+    cases = [(mode, side, name) for mode, sides in plan.items() for side in sides
+             for name in models]
+    rows = []
+    progress = tqdm(cases, desc=osp.basename(script))
+    for mode, side, name in progress:
+        progress.set_postfix_str(f'{mode} {name} {side}x{side}')
+        case = [name, side, mode, batches[mode], repeats, warmup, device]
+        memory = spawn(script, [*map(str, case), 'memory'], memory=True, timeout=timeout)
+        # a case that runs out of memory once is not timed
+        timing = spawn(script, [*map(str, case), 'time'], memory=False, timeout=timeout) \
+            if 'error' not in memory else {}
+        row = dict(model=name, mode=mode, side=side, pixels=side * side, batch=batches[mode],
+                   ms=timing.get('median_ms'), mib=memory.get('peak_mib'))
+        errors = [r['error'] for r in (memory, timing) if 'error' in r]
+        if errors:
+            row['error'] = errors[0]
+        rows.append(row)
+    return rows
+
+
+def fit_exponent(rows: List[dict], model: str, mode: str, key: str) -> Optional[float]:
+    """Slope of log(value) vs log(pixels): ~1 linear, ~2 quadratic in the pixel count."""
+    points = [(r['pixels'], r[key]) for r in rows
+              if r['model'] == model and r['mode'] == mode and (r.get(key) or 0) > 0]
+    if len(points) < 2:
+        return None
+    pixels, values = np.log(np.array(points, dtype=float)).T
+    return float(np.polyfit(pixels, values, 1)[0])
+
+
+def add_ratios(rows: List[dict], reference: str) -> None:
+    """``ms_ratio`` / ``mib_ratio``: each row against the reference model's at the same mode
+    and size (time ratio < 1 = faster, memory ratio < 1 = lighter)."""
+    for row in rows:
+        ref = next((r for r in rows if r['model'] == reference and r['mode'] == row['mode']
+                    and r['side'] == row['side']), {})
+        for key in ('ms', 'mib'):
+            value, base = row.get(key), ref.get(key)
+            row[f'{key}_ratio'] = None if value is None or not base else value / base
+
+
+def sweep_report(rows: List[dict], models: Dict[str, dict], reference_label: str,
+                 header: List[str]) -> List[str]:
+    lines = list(header)
+    for mode in MODES:
+        mine = [r for r in rows if r['mode'] == mode]
+        if not mine:
+            continue
+        batch = mine[0]['batch']
+        lines += ['', f'## {MODE_TITLES[mode]}, batch {batch}', '']
+        lines += markdown_table(
+            ['model', 'side', 'ms', f'time / {reference_label}', 'peak MiB',
+             f'memory / {reference_label}', 'error'],
+            [[models[r['model']]['label'], r['side'], fmt(r['ms']), fmt(r['ms_ratio'], 2),
+              fmt(r['mib']), fmt(r['mib_ratio'], 2), r.get('error', '')] for r in mine])
+    lines += ['', '## Cost exponents (log-log least-squares slope vs pixels; 1 = linear, '
+                  '2 = quadratic)', '']
+    fit_rows = []
+    for name, spec in models.items():
+        for mode in MODES:
+            time_fit = fit_exponent(rows, name, mode, 'ms')
+            memory_fit = fit_exponent(rows, name, mode, 'mib')
+            if time_fit is not None or memory_fit is not None:
+                fit_rows.append([spec['label'], mode, fmt(time_fit, 2), fmt(memory_fit, 2)])
+    lines += markdown_table(['model', 'mode', 'time', 'memory'], fit_rows)
+    return lines
+
+
+def sweep_plot(rows: List[dict], models: Dict[str, dict], path: str) -> None:
+    plt = pyplot()
+    modes = [m for m in MODES if any(r['mode'] == m for r in rows)]
+    fig, axes = plt.subplots(len(modes), 2, figsize=(11, 4.2 * len(modes)), squeeze=False)
+    for mode, (ax_time, ax_mem) in zip(modes, axes):
+        for name, spec in models.items():
+            mine = [r for r in rows if r['model'] == name and r['mode'] == mode]
+            for ax, key in ((ax_time, 'ms'), (ax_mem, 'mib')):
+                points = [(r['pixels'], r[key]) for r in mine if (r.get(key) or 0) > 0]
+                if points:
+                    ax.plot(*zip(*points), marker='o', label=spec['label'])
+        log_log_axes(ax_time, f'{MODE_TITLES[mode]}: time (ms)', 'pixels')
+        log_log_axes(ax_mem, f'{MODE_TITLES[mode]}: peak memory (MiB)', 'pixels')
+        ax_time.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def sweep_cli(script: str, doc: str, stem: str, models: Dict[str, dict],
+              make_step: Callable[[str, int, str, int, str], Step], reference: str,
+              default_sizes: Dict[str, Sequence[int]], description: str) -> None:
+    """Command line of a size sweep: ``--case`` (child: one measurement) or the sweep (parent:
+    JSON, markdown and plot under ``--out``, ``STEM_cuda.*`` on a GPU)."""
+    parser = argparse.ArgumentParser(description=doc,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('--case', nargs=8, help=argparse.SUPPRESS)
+    parser.add_argument('--sizes', nargs='*', type=int, default=list(default_sizes['fwd']),
+                        help='square input sides of the inference mode (none: skip it)')
+    parser.add_argument('--train-sizes', nargs='*', type=int,
+                        default=list(default_sizes['train']),
+                        help='square crop sides of the training-step mode (none: skip it)')
+    parser.add_argument('--train-batch', type=int, default=2)
+    parser.add_argument('--models', nargs='+', choices=list(models), default=list(models))
+    parser.add_argument('--repeats', type=int, default=3, help='timed runs (median)')
+    parser.add_argument('--warmup', type=int, default=1, help='untimed runs before timing')
+    parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
+    parser.add_argument('--timeout', type=int, default=3600, help='seconds per measurement')
+    parser.add_argument('--out', default=RESULTS, help='output folder')
+    args = parser.parse_args()
+    if args.case:
+        name, side, mode, batch, repeats, warmup, device, what = args.case
+        torch.manual_seed(0)
+        step = make_step(name, int(side), mode, int(batch), device)
+        print(json.dumps(measure(step, what, int(repeats), int(warmup), device)))
+        return
+
+    chosen = {name: models[name] for name in args.models}
+    plan = {'fwd': args.sizes, 'train': args.train_sizes}
+    rows = run_cases(script, chosen, plan, {'fwd': 1, 'train': args.train_batch},
+                     args.repeats, args.warmup, args.device, args.timeout)
+    add_ratios(rows, reference)
+    header = [f'# {description} ({device_name(args.device)})', '',
+              f'torch {torch.__version__}; time = median of {args.repeats} after {args.warmup} '
+              'warm-up; memory = peak of one step after the warm-up, above the baseline (model '
+              'and input already allocated; a training step frees its gradients after each step, '
+              'so they count); each measurement in its own process; ratios against '
+              f'{models[reference]["label"]} at the same mode and size.']
+    os.makedirs(args.out, exist_ok=True)
+    path = osp.join(args.out, stem if args.device == 'cpu' else f'{stem}_{args.device}')
+    write_json(path + '.json', dict(device=device_name(args.device), torch=torch.__version__,
+                                    repeats=args.repeats, warmup=args.warmup, reference=reference,
+                                    models={k: v['label'] for k, v in chosen.items()},
+                                    rows=rows))
+    write_markdown(path + '.md', sweep_report(rows, chosen, models[reference]['label'], header))
+    sweep_plot(rows, chosen, path + '.png')
+    print(open(path + '.md').read())

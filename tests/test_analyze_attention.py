@@ -63,7 +63,7 @@ def test_row_entropy_of_known_rows_and_refuses_signed_rows():
 def test_saturated_share_follows_the_query_norm():
     torch.manual_seed(0)
     layer = NormAwareLinearAttention(32, 2).eval()  # lam 3, tau 0.5: saturated for ||q|| > 2.44
-    x = torch.randn(1, 32, 8, 10)
+    x = torch.randn(1, 8, 10, 32)
     assert scaled_queries(layer, x, 3.2, 'min').min() > 3
     large = tool.layer_statistics(layer, x)
     assert large.saturated_share == 1.0
@@ -104,7 +104,7 @@ def test_nala_entropy_falls_with_the_query_norm_linear_attention_ignores_it():
 
 def test_entropy_rows_drop_rope_only_for_kernelised_mixers():
     torch.manual_seed(0)
-    x = torch.randn(1, 32, 6, 8)
+    x = torch.randn(1, 6, 8, 32)
     for layer, label in ((NormAwareLinearAttention(32, 2), 'without RoPE'),
                          (LinearAttention(32, 2), 'without RoPE'),
                          (SoftmaxAttention(32, 2), 'with RoPE')):
@@ -122,7 +122,7 @@ def test_query_points_map_to_the_token_grid_and_rows_are_single():
 
     torch.manual_seed(0)
     layer = SoftmaxAttention(32, 4).eval()
-    stats = tool.layer_statistics(layer, torch.randn(1, 32, 6, 8), [(100, 10), (5, 90)],
+    stats = tool.layer_statistics(layer, torch.randn(1, 6, 8, 32), [(100, 10), (5, 90)],
                                   IMAGE_SIZE)
     assert stats.query_tokens == [(0, 6), (5, 0)]
     for token_map in stats.maps:
@@ -133,7 +133,7 @@ def test_query_points_map_to_the_token_grid_and_rows_are_single():
 def test_large_layers_sample_a_fixed_set_of_queries():
     torch.manual_seed(0)
     layer = NormAwareLinearAttention(16, 1).eval()
-    x = torch.randn(1, 16, 96, 96)  # 9216 tokens > MAX_FULL_TOKENS
+    x = torch.randn(1, 96, 96, 16)  # 9216 tokens > MAX_FULL_TOKENS
     first = tool.layer_statistics(layer, x, chunk=1024)
     entry = first.summary('big', 0)
     assert entry['tokens'] == 9216 and entry['entropy_queries'] == tool.SAMPLED_QUERIES

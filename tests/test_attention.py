@@ -64,7 +64,7 @@ def test_layer_fast_matches_reference_including_parameter_gradients(kernel):
     fast = NormAwareLinearAttention(16, 2, kernel=kernel)
     ref = NormAwareLinearAttention(16, 2, kernel=kernel, implementation='reference')
     ref.load_state_dict(fast.state_dict())
-    x = torch.randn(2, 16, 5, 9)
+    x = torch.randn(2, 5, 9, 16)  # channels-last tokens
     out_fast, out_ref = fast(x), ref(x)
     assert out_fast.shape == x.shape
     assert rel_err(out_fast, out_ref) <= 1e-5
@@ -191,7 +191,7 @@ def test_bf16_autocast_is_finite_and_close_to_fp32(cls):
     # overflows fp16 and loses bf16 precision: the math must run in float32.
     with torch.no_grad():
         layer.qkvg.weight.mul_(40 if cls is NormAwareLinearAttention else 1)
-    x = torch.randn(1, 32, 8, 12)
+    x = torch.randn(1, 8, 12, 32)
     with torch.no_grad():
         expected = layer(x)
         with torch.autocast('cpu', dtype=torch.bfloat16):
@@ -232,3 +232,29 @@ def test_layers_build_from_registries():
         assert isinstance(layer, NormAwareLinearAttention) and layer.cfg.kernel == 'relu'
         assert isinstance(registry.build(dict(type='SoftmaxAttention', embed_dims=16,
                                               num_heads=1)), SoftmaxAttention)
+
+
+def test_under_autocast_softmax_attends_in_bf16_and_nala_in_float32(monkeypatch):
+    """SDPA gets the autocast dtype (its fused 16-bit kernels), NaLa's op float32 (k^3)."""
+    seen = {}
+    sdpa = F.scaled_dot_product_attention
+
+    def spy(q, k, v, *args, **kwargs):
+        seen['sdpa'] = (q.dtype, k.dtype, v.dtype)
+        return sdpa(q, k, v, *args, **kwargs)
+
+    monkeypatch.setattr(F, 'scaled_dot_product_attention', spy)
+    x = torch.randn(1, 6, 8, 32)
+    nala = NormAwareLinearAttention(32, 2)
+    original_mix = nala.mix
+
+    def nala_spy(q, k, v, rope):
+        seen['nala'] = q.dtype
+        return original_mix(q, k, v, rope)
+
+    nala.mix = nala_spy
+    with torch.no_grad(), torch.autocast('cpu', dtype=torch.bfloat16):
+        SoftmaxAttention(32, 2)(x)
+        nala(x)
+    assert seen['sdpa'] == (torch.bfloat16,) * 3
+    assert seen['nala'] == torch.float32

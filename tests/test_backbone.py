@@ -54,7 +54,9 @@ def test_out_norm_off_returns_the_raw_stage_features():
     image = torch.randn(2, 3, 48, 40)
     with torch.no_grad():
         for i, with_norm, without in zip((0, 2), normed(image), raw(image)):
-            assert torch.allclose(with_norm, getattr(normed, f'out_norm{i}')(without), atol=1e-6)
+            norm = getattr(normed, f'out_norm{i}')  # over channels: tokens (B, H, W, C)
+            expected = norm(without.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+            assert torch.allclose(with_norm, expected, atol=1e-6)
             # really un-normalised: per-pixel channel statistics are not 0 / 1
             assert without.std(1).sub(1).abs().mean() > 0.05
     assert not any('out_norm' in n for n, _ in raw.named_parameters())

@@ -20,7 +20,7 @@ TOKENS, HEAD_DIM = SIDE * SIDE, CHANNELS // HEADS
 
 def layer_input(height: int = SIDE, width: int = SIDE, batch: int = 1,
                 channels: int = CHANNELS) -> torch.Tensor:
-    return torch.randn(batch, channels, height, width)
+    return torch.randn(batch, height, width, channels)  # a mixer's channels-last tokens
 
 
 def analyze(module, handles: bool = True, inputs: torch.Tensor = None):

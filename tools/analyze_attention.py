@@ -211,14 +211,14 @@ def layer_statistics(layer: GatedAttention, x: Tensor, points: Sequence[Point] =
                      input_size: Optional[Size] = None, chunk: int = ROW_CHUNK) -> LayerStats:
     """Entropy / query-norm statistics and the attention maps of ``points`` for one layer.
 
-    ``x`` is the layer's input ``(1, C, h, w)``; ``points`` are pixels ``(x, y)`` of the network
+    ``x`` is the layer's input, channels-last tokens ``(1, h, w, C)``; ``points`` are pixels ``(x, y)`` of the network
     input of size ``input_size`` (needed only with points).
     """
     if x.dim() != 4 or x.shape[0] != 1:
-        raise ValueError(f'expected one layer input (1, C, h, w), got {tuple(x.shape)}')
+        raise ValueError(f'expected one layer input (1, h, w, C), got {tuple(x.shape)}')
     if points and input_size is None:
         raise ValueError('input_size (H, W) is needed to place query points on the token grid')
-    grid = (x.shape[-2], x.shape[-1])
+    grid = (x.shape[1], x.shape[2])
     tokens = grid[0] * grid[1]
     with torch.no_grad():
         q, k, _, _, rope = layer.project(x.float())

@@ -8,8 +8,9 @@ inspection, :meth:`GatedAttention.attention_weights`). To add one, subclass
 :class:`GatedAttention`, register it with :func:`nala_mm.registry.register_model`, and name it in
 a backbone's ``attn_types`` (``dict(type='MyMixer', ...)``).
 
-Modules take and return channels-first maps ``(B, C, H, W)``; the math lives in
-:mod:`nala_mm.ops`.
+Modules take and return channels-last tokens ``(B, H, W, C)``, the backbone block's layout: the
+projections read contiguous memory, and for one head (NaLaFormer's stride-4 stage) q, k, v are
+views of the projection's output. The math lives in :mod:`nala_mm.ops`.
 """
 from functools import lru_cache
 from typing import Optional, Tuple
@@ -42,6 +43,12 @@ def _rope(height: int, width: int, head_dim: int, base: float,
     if is_exporting():
         return rope_table(height, width, head_dim, base, device=device)
     return _cached_rope(height, width, head_dim, base, device)
+
+
+def conv_tokens(conv: nn.Module, tokens: Tensor) -> Tensor:
+    """A conv on channels-last tokens ``(B, H, W, C)``: the tokens' channels-first view is in
+    ``torch.channels_last`` memory format, which the conv keeps, so no layout copy is made."""
+    return conv(tokens.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
 
 
 def _rope_rows(rope: Rope, rows: Optional[Tensor]) -> Rope:
@@ -97,33 +104,43 @@ class GatedAttention(BaseModule):
         raise NotImplementedError
 
     # ------------------------------------------------------------------ shared wrapper
+    def _check(self, x: Tensor) -> None:
+        if x.dim() != 4 or x.shape[-1] != self.embed_dims:
+            raise ValueError(f'expected channels-last tokens (B, H, W, {self.embed_dims}), got '
+                             f'{tuple(x.shape)}')
+
+    def _table(self, x: Tensor) -> Rope:
+        if not self.use_rope:
+            return None
+        return _rope(x.shape[1], x.shape[2], self.head_dims, self.rope_base, x.device)
+
+    def _heads(self, t: Tensor) -> Tensor:
+        return rearrange(t, 'b h w (n d) -> b n (h w) d', n=self.num_heads)
+
     def project(self, x: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor, Rope]:
-        """``(B, C, H, W)`` -> q, k, v as ``(B, heads, N, d)``, the gate ``(B, H, W, C)`` and
-        the RoPE table of this size (``None`` without RoPE)."""
-        if x.dim() != 4 or x.shape[1] != self.embed_dims:
-            raise ValueError(f'expected input (B, {self.embed_dims}, H, W), got {tuple(x.shape)}')
-        height, width = x.shape[-2:]
-        q, k, v, gate = self.qkvg(rearrange(x, 'b c h w -> b h w c')).chunk(4, dim=-1)
-        rope = _rope(height, width, self.head_dims, self.rope_base, x.device) \
-            if self.use_rope else None
-        to_heads = 'b h w (n d) -> b n (h w) d'
-        q, k, v = (rearrange(t, to_heads, n=self.num_heads) for t in (q, k, v))
-        return q, k, v, gate, rope
+        """Tokens ``(B, H, W, C)`` -> q, k, v as ``(B, heads, N, d)``, the gate ``(B, H, W, C)``
+        and the RoPE table of this size (``None`` without RoPE)."""
+        self._check(x)
+        q, k, v, gate = self.qkvg(x).chunk(4, dim=-1)
+        return self._heads(q), self._heads(k), self._heads(v), gate, self._table(x)
 
     def forward(self, x: Tensor) -> Tensor:
-        height = x.shape[-2]
-        q, k, v, gate, rope = self.project(x)
+        self._check(x)
+        height = x.shape[1]
+        q, k, v_tokens, gate = self.qkvg(x).chunk(4, dim=-1)
+        q, k, v, rope = self._heads(q), self._heads(k), self._heads(v_tokens), self._table(x)
         if self.mix_in_float32:
             # k^3 and the per-token power overflow fp16/bf16: float32 even under autocast
             with torch.autocast(device_type=x.device.type, enabled=False):
                 mixed = self.mix(q.float(), k.float(), v.float(), rope)
         else:
             mixed = self.mix(q, k, v, rope)
+        # a view when the mixer wrote its output token-major (the fast kernelised op does)
         mixed = rearrange(mixed, 'b n (h w) d -> b h w (n d)', h=height).to(gate.dtype)
-        v_map = rearrange(v, 'b n (h w) d -> b (n d) h w', h=height)
-        lepe = rearrange(self.lepe(v_map), 'b c h w -> b h w c')
-        out = self.out_proj(self.ln(mixed + lepe) * F.silu(gate))
-        return rearrange(out, 'b h w c -> b c h w')
+        # reassigned rather than named, so that each intermediate is freed as soon as it is used
+        mixed = mixed + conv_tokens(self.lepe, v_tokens)
+        del q, k, v, v_tokens
+        return self.out_proj(self.ln(mixed) * F.silu(gate))
 
 
 class _KernelizedMixer(GatedAttention):
@@ -208,13 +225,19 @@ class SoftmaxAttention(GatedAttention):
     has one, so the N x N matrix is not stored on GPU.
     """
 
+    # SDPA's fused fp16/bf16 kernels need q, k, v in the autocast dtype: no float32 cast.
+    mix_in_float32 = False
+
     def _rotate(self, q: Tensor, k: Tensor, rope: Rope, rows: Optional[Tensor] = None):
         if rope is None:
             return q, k
-        if is_exporting():  # ONNX has no complex numbers
-            return apply_rope_reference(q, *_rope_rows(rope, rows)), apply_rope_reference(k, *rope)
-        return (apply_rope(q, rope_phasor(*_rope_rows(rope, rows))),
-                apply_rope(k, rope_phasor(*rope)))
+        query_rope = _rope_rows(rope, rows)
+        if q.dtype != torch.float32 or is_exporting():
+            # ONNX has no complex numbers and bf16 has no complex type: the real form, in the
+            # inputs' dtype so that the attention stays in it
+            query_rope, rope = ([t.to(q.dtype) for t in table] for table in (query_rope, rope))
+            return apply_rope_reference(q, *query_rope), apply_rope_reference(k, *rope)
+        return apply_rope(q, rope_phasor(*query_rope)), apply_rope(k, rope_phasor(*rope))
 
     def mix(self, q, k, v, rope):
         q, k = self._rotate(q, k, rope)

@@ -9,7 +9,6 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint as cp
-from einops import rearrange
 from mmcv.cnn import build_norm_layer
 from mmcv.cnn.bricks import DropPath
 from mmengine.model import BaseModule
@@ -18,9 +17,9 @@ from mmengine.model.weight_init import trunc_normal_
 from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from ..ops import rope_angle_buffer
+from ..ops import gelu_conv, is_exporting, rope_angle_buffer
 from ..registry import register_model
-from .attention import GatedAttention, NormAwareLinearAttention
+from .attention import GatedAttention, NormAwareLinearAttention, conv_tokens
 from .checkpoint_filter import load_authors_checkpoint, missing_checkpoint_message
 
 # Variants as data (spec §2 table).
@@ -71,35 +70,73 @@ def resolve_arch(arch: Union[str, dict]) -> dict:
     return settings
 
 
-class LayerNorm2d(nn.Module):
-    """LayerNorm over channels of a (B, C, H, W) map; the authors' ``normX.norm`` layout."""
+class ResidualDepthwiseConv(nn.Conv2d):
+    """``x + dwconv(x)`` as one depthwise conv: the identity is added to the kernel's centre tap.
+
+    The released block adds every depthwise conv's input back (cpe1, cpe2, the FFN's dwconv);
+    folding the identity into the kernel computes the same sum without a separate pass over the
+    activations (the gradients are the same too: d(w + I)/dw = 1). Parameters and their names
+    are the plain conv's, so checkpoints load unchanged.
+    """
+
+    def __init__(self, channels: int, kernel_size: int = 3):
+        super().__init__(channels, channels, kernel_size, padding=kernel_size // 2,
+                         groups=channels)
+        identity = torch.zeros(1, 1, kernel_size, kernel_size)
+        identity[..., kernel_size // 2, kernel_size // 2] = 1.0
+        self.register_buffer('identity', identity, persistent=False)
+
+    def folded_weight(self) -> Tensor:
+        return self.weight + self.identity
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self._conv_forward(x, self.folded_weight(), self.bias)
+
+
+def to_tokens(x: Tensor) -> Tensor:
+    """``(B, C, H, W)`` map -> contiguous channels-last tokens ``(B, H, W, C)``."""
+    return x.permute(0, 2, 3, 1).contiguous()
+
+
+def to_map(tokens: Tensor) -> Tensor:
+    """Channels-last tokens -> a ``(B, C, H, W)`` view in ``torch.channels_last`` memory."""
+    return tokens.permute(0, 3, 1, 2)
+
+
+class TokenNorm(nn.Module):
+    """LayerNorm over the channels of tokens ``(B, H, W, C)``; the authors' ``normX.norm``
+    parameter names."""
 
     def __init__(self, channels: int, eps: float = 1e-6):
         super().__init__()
         self.norm = nn.LayerNorm(channels, eps=eps)
 
-    def forward(self, x: Tensor) -> Tensor:
-        return rearrange(self.norm(rearrange(x, 'b c h w -> b h w c')), 'b h w c -> b c h w')
-
-
-def depthwise_conv(channels: int, kernel_size: int = 3) -> nn.Conv2d:
-    return nn.Conv2d(channels, channels, kernel_size, padding=kernel_size // 2, groups=channels)
+    def forward(self, tokens: Tensor) -> Tensor:
+        return self.norm(tokens)
 
 
 class ConvFFN(nn.Module):
-    """Linear -> GELU -> h + dwconv3x3(h) -> Linear."""
+    """Linear -> GELU -> h + dwconv3x3(h) -> Linear, on channels-last tokens (``dwconv``
+    includes its residual)."""
 
     def __init__(self, channels: int, hidden: int):
         super().__init__()
         self.fc1 = nn.Linear(channels, hidden)
-        self.dwconv = depthwise_conv(hidden)
+        self.dwconv = ResidualDepthwiseConv(hidden)
         self.fc2 = nn.Linear(hidden, channels)
 
-    def forward(self, x: Tensor) -> Tensor:
-        hidden = F.gelu(self.fc1(rearrange(x, 'b c h w -> b h w c')))
-        hidden = rearrange(hidden, 'b h w c -> b c h w')
-        hidden = rearrange(hidden + self.dwconv(hidden), 'b c h w -> b h w c')
-        return rearrange(self.fc2(hidden), 'b h w c -> b c h w')
+    def forward(self, tokens: Tensor) -> Tensor:
+        hidden = to_map(self.fc1(tokens))
+        if torch.is_grad_enabled() and not is_exporting():
+            # GELU and the residual dwconv as one node that saves only the pre-activation for
+            # the backward (GELU is recomputed there): one hidden-width tensor fewer per block
+            hidden = gelu_conv(hidden, self.dwconv.folded_weight(), self.dwconv.bias,
+                               self.dwconv.padding, self.dwconv.groups)
+        elif is_exporting():
+            hidden = self.dwconv(F.gelu(hidden))
+        else:  # inference: GELU in place on fc1's output, which nothing else holds
+            hidden = self.dwconv(torch.ops.aten.gelu_(hidden))
+        return self.fc2(hidden.permute(0, 2, 3, 1))
 
 
 def mixer_config(attn_type: Union[str, dict], nala_kwargs: dict) -> dict:
@@ -135,27 +172,39 @@ def build_mixer(cfg: dict, channels: int, num_heads: int) -> GatedAttention:
 
 
 class NaLaBlock(nn.Module):
-    """cpe1 -> attention -> cpe2 -> FFN, each residual; LayerScale and DropPath on the branches."""
+    """cpe1 -> attention -> cpe2 -> FFN, each residual; LayerScale and DropPath on the branches.
+
+    Runs on contiguous channels-last tokens ``(B, H, W, C)`` end to end: the norms, projections
+    and residual adds read contiguous memory and no layout copy is made (the released block
+    switches between channels-first maps and token views around every sub-layer).
+    """
 
     def __init__(self, channels: int, num_heads: int, mlp_ratio: float, mixer_cfg: dict,
                  layer_scale_init: float, drop_path: float, with_cp: bool):
         super().__init__()
-        self.cpe1 = depthwise_conv(channels)
-        self.norm1 = LayerNorm2d(channels)
+        self.cpe1 = ResidualDepthwiseConv(channels)  # x + dwconv(x)
+        self.norm1 = TokenNorm(channels)
         self.attn = build_mixer(mixer_cfg, channels, num_heads)
-        self.cpe2 = depthwise_conv(channels)
-        self.norm2 = LayerNorm2d(channels)
+        self.cpe2 = ResidualDepthwiseConv(channels)
+        self.norm2 = TokenNorm(channels)
         self.ffn = ConvFFN(channels, int(channels * mlp_ratio))
+        # (1, C, 1, 1) as in the authors' checkpoints; applied over the tokens' last dim
         self.gamma_1 = nn.Parameter(torch.full((1, channels, 1, 1), float(layer_scale_init)))
         self.gamma_2 = nn.Parameter(torch.full((1, channels, 1, 1), float(layer_scale_init)))
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         self.with_cp = with_cp
 
+    def _residual(self, x: Tensor, gamma: Tensor, branch: Tensor) -> Tensor:
+        """``x + DropPath(gamma * branch)``; one fused pass where DropPath is off."""
+        if self.training and not isinstance(self.drop_path, nn.Identity):
+            return x + self.drop_path(gamma.view(-1) * branch)
+        return torch.addcmul(x, gamma.view(-1), branch)
+
     def _forward(self, x: Tensor) -> Tensor:
-        x = x + self.cpe1(x)
-        x = x + self.drop_path(self.gamma_1 * self.attn(self.norm1(x)))
-        x = x + self.cpe2(x)
-        return x + self.drop_path(self.gamma_2 * self.ffn(self.norm2(x)))
+        x = conv_tokens(self.cpe1, x)
+        x = self._residual(x, self.gamma_1, self.attn(self.norm1(x)))
+        x = conv_tokens(self.cpe2, x)
+        return self._residual(x, self.gamma_2, self.ffn(self.norm2(x)))
 
     def forward(self, x: Tensor) -> Tensor:
         if self.with_cp and x.requires_grad:
@@ -164,7 +213,8 @@ class NaLaBlock(nn.Module):
 
 
 class NaLaStage(nn.Module):
-    """Blocks at one resolution, then (stages 1-3) a conv3x3/s2 + BN downsample."""
+    """Blocks at one resolution on channels-last tokens, then (stages 1-3) a conv3x3/s2 + BN
+    downsample, whose output tokens feed the next stage."""
 
     def __init__(self, blocks: nn.ModuleList, downsample: Optional[nn.Module]):
         super().__init__()
@@ -174,7 +224,7 @@ class NaLaStage(nn.Module):
     def forward(self, x: Tensor) -> Tuple[Tensor, Tensor]:
         for block in self.blocks:
             x = block(x)
-        return x, (self.downsample(x) if self.downsample is not None else x)
+        return x, (conv_tokens(self.downsample, x) if self.downsample is not None else x)
 
 
 class Downsample(nn.Module):
@@ -292,7 +342,7 @@ class NaLaFormer(BaseModule):
         # parameter-free identities when off, so loading, freezing and forward stay one path.
         for i in out_indices:
             self.add_module(f'out_norm{i}',
-                            LayerNorm2d(self.embed_dims[i]) if out_norm else nn.Identity())
+                            TokenNorm(self.embed_dims[i]) if out_norm else nn.Identity())
         self._freeze_stages()
 
     # ------------------------------------------------------------------ init and loading
@@ -368,10 +418,13 @@ class NaLaFormer(BaseModule):
         if x.dim() != 4 or x.shape[1] != self.in_channels:
             raise ValueError(f'NaLaFormer expects input (B, {self.in_channels}, H, W), got '
                              f'{tuple(x.shape)}')
-        x = self.patch_embed(x)
+        # the stem stays channels-first: on CPU its dense convs' backward is ~2x slower in
+        # channels-last memory (measured); one copy turns its output into tokens
+        x = to_tokens(self.patch_embed(x))
         outs = []
         for i, stage in enumerate(self.layers):
             features, x = stage(x)
             if i in self.out_indices:
-                outs.append(getattr(self, f'out_norm{i}')(features))
+                # channels-first and contiguous, as dense heads (and users' .view()) expect
+                outs.append(to_map(getattr(self, f'out_norm{i}')(features)).contiguous())
         return tuple(outs)

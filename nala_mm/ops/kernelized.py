@@ -90,6 +90,15 @@ def _rows(t: Optional[Tensor], start: int, length: int) -> Optional[Tensor]:
     return t.narrow(-3 if t.is_complex() else -2, start, length)
 
 
+def _token_major(q: Tensor, dims: int) -> Tensor:
+    """An uninitialised ``(..., heads, N, dims)`` output stored as ``(..., N, heads, dims)``: the
+    caller's merge of the heads into channels-last tokens is then a view, not a copy."""
+    *batch, n_tokens, _ = q.shape
+    if not batch:
+        return q.new_empty(n_tokens, dims)
+    return q.new_empty(*batch[:-1], n_tokens, batch[-1], dims).transpose(-3, -2)
+
+
 class _KernelizedAttention(torch.autograd.Function):
 
     @staticmethod
@@ -107,15 +116,19 @@ class _KernelizedAttention(torch.autograd.Function):
         key_mean = key_sum.div_(n_tokens)
         state = state.div_(n_tokens)
 
-        out = q.new_empty(*batch, n_tokens, v.shape[-1])
-        normaliser = q.new_empty(*batch, n_tokens, 1)
+        out = _token_major(q, v.shape[-1])
+        # the normaliser is kept for the backward only; an inference call skips the copy
+        training = any(ctx.needs_input_grad[:3])
+        normaliser = q.new_empty(*batch, n_tokens, 1) if training else None
         for start, length in _chunks(n_tokens, chunk):
             phi_q = query_map.forward_(_rows(q, start, length))
             z = torch.reciprocal((phi_q @ key_mean.transpose(-1, -2)).add_(eps))
-            _rows(normaliser, start, length).copy_(z)
+            if training:
+                _rows(normaliser, start, length).copy_(z)
             rotated = _rotate(phi_q, _rows(phasor, start, length))
             torch.mul(rotated @ state, z, out=_rows(out, start, length))
-        ctx.save_for_backward(q, k, v, phasor, key_mean, state, normaliser)
+        if training:
+            ctx.save_for_backward(q, k, v, phasor, key_mean, state, normaliser)
         ctx.maps, ctx.chunk = (query_map, key_map), chunk
         return out
 

@@ -80,15 +80,3 @@ def apply_rope(x: Tensor, phasor: Tensor, inverse: bool = False) -> Tensor:
     as_complex = torch.view_as_complex(x.reshape(*shape[:-1], -1, pairs, 2).contiguous())
     rotated = as_complex * (phasor.conj() if inverse else phasor)
     return torch.view_as_real(rotated).reshape(shape)
-
-
-def apply_rope_real(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """:func:`apply_rope` in real arithmetic, for exporters that have no complex dtype (ONNX).
-
-    Same rotation and the same products as the complex multiply, on all d-wide chunks of
-    ``x`` (..., N, D) at once; ``cos``, ``sin`` are the ``(N, d/2)`` table.
-    """
-    pairs = x.unflatten(-1, (-1, cos.shape[-1], 2))  # (..., N, D/d, d/2, 2)
-    even, odd = pairs[..., 0], pairs[..., 1]
-    cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)  # broadcast over the chunks
-    return torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(-3)

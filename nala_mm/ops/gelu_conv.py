@@ -1,0 +1,57 @@
+"""The FFN's ``conv(gelu(a))`` as one autograd node that keeps ``a`` only.
+
+Autograd would save both ``a`` (for GELU's backward) and ``gelu(a)`` (the conv's input): two
+tensors of the FFN's hidden width, the largest activations of a NaLaFormer block. This node saves
+``a`` and recomputes ``gelu(a)`` in its backward (one element-wise pass; the conv is not run
+again), so a training step keeps one hidden-width tensor fewer per block.
+
+``mode='reference'`` is the plain composition, differentiated by autograd (and what runs while
+exporting); ``'fast'`` is the memory-light node. Same numbers either way.
+"""
+from typing import Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+MODES = ('fast', 'reference')
+
+
+class _GeluConv(torch.autograd.Function):
+
+    @staticmethod
+    def forward(ctx, a: Tensor, weight: Tensor, bias: Optional[Tensor], padding: Sequence[int],
+                groups: int):
+        hidden = F.gelu(a)
+        out = F.conv2d(hidden, weight, bias, padding=padding, groups=groups)
+        ctx.save_for_backward(a, weight)
+        ctx.has_bias, ctx.padding, ctx.groups = bias is not None, padding, groups
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, d_out: Tensor):
+        a, weight = ctx.saved_tensors
+        hidden = F.gelu(a)  # recomputed instead of stored
+        needs = ctx.needs_input_grad
+        d_hidden, d_weight, d_bias = torch.ops.aten.convolution_backward(
+            d_out, hidden, weight, [weight.shape[0]] if ctx.has_bias else None, [1, 1],
+            list(ctx.padding), [1, 1], False, [0, 0], ctx.groups,
+            [needs[0], needs[1], ctx.has_bias and needs[2]])
+        del hidden
+        d_a = torch.ops.aten.gelu_backward(d_hidden, a) if needs[0] else None
+        return d_a, d_weight, d_bias, None, None
+
+
+def gelu_conv(a: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
+              padding: Sequence[int] = (1, 1), groups: int = 1, mode: str = 'fast') -> Tensor:
+    """``conv2d(gelu(a), weight, bias)`` (stride 1, no dilation) on a ``(B, C, H, W)`` map."""
+    if mode == 'reference':
+        return F.conv2d(F.gelu(a), weight, bias, padding=tuple(padding), groups=groups)
+    if mode != 'fast':
+        raise ValueError(f'unknown gelu_conv mode {mode!r}; expected one of {MODES}')
+    needs_grad = any(t is not None and t.requires_grad for t in (a, weight, bias))
+    if not torch.is_grad_enabled() or not needs_grad:  # nothing to save: the plain ops
+        return F.conv2d(F.gelu(a), weight, bias, padding=tuple(padding), groups=groups)
+    return _GeluConv.apply(a, weight, bias, tuple(padding), groups)
