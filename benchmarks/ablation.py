@@ -8,7 +8,7 @@ through tools/train.py and is evaluated once at the end (mIoU on the 40 validati
 Results: benchmarks/results/ablation.{json,md,png} (the JSON lists every run).
 
     python benchmarks/ablation.py                      # 5 variants x 3 seeds (make ablation)
-    python benchmarks/ablation.py --iters 200 --seeds 0 --variants nala-cosine softmax
+    python benchmarks/ablation.py --iters 100 --seeds 0 --variants nala-cosine softmax
 """
 import argparse
 import json
@@ -145,7 +145,9 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--variants', nargs='+', choices=list(VARIANTS), default=list(VARIANTS))
     parser.add_argument('--seeds', nargs='+', type=int, default=[0, 1, 2])
-    parser.add_argument('--iters', type=int, default=500)
+    # ~0.5 s per iteration on 2 idle cores (the demo's log): 200 iterations + start-up and
+    # evaluation ~= 2.3 min a run, 15 runs ~= 35 min (500 took 12 min a run on a loaded machine)
+    parser.add_argument('--iters', type=int, default=200)
     parser.add_argument('--out', default=RESULTS)
     args = parser.parse_args()
     os.chdir(REPO)  # the demo config's data root is relative to the repository

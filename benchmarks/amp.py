@@ -16,11 +16,11 @@ import sys
 import torch
 
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
-from common import median_ms, peak_memory_mib, spawn  # noqa: E402
+from common import (RESULTS, device_name, markdown_table, median_ms, peak_memory_mib,  # noqa
+                    pyplot, spawn, write_json, write_markdown)
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 CONFIG = osp.join(REPO, 'configs', 'demo', 'ade20k_demo_nala_upernet.py')
-RESULTS = osp.join(REPO, 'benchmarks', 'results')
 PRECISIONS = ('fp32', 'amp')
 
 
@@ -87,25 +87,20 @@ def main() -> None:
     if 'peak_mib' in fp32 and 'peak_mib' in amp:
         ratios['amp peak memory / fp32 peak memory'] = round(amp['peak_mib'] / fp32['peak_mib'], 3)
     amp_kind = 'fp16 + loss scaling' if args.device == 'cuda' else 'bf16 autocast'
-    device_name = torch.cuda.get_device_name() if args.device == 'cuda' else \
-        f'CPU, {torch.get_num_threads()} threads'
+    device = device_name(args.device)
     os.makedirs(args.out, exist_ok=True)
     stem = osp.join(args.out, 'amp' if args.device == 'cpu' else f'amp_{args.device}')
-    with open(stem + '.json', 'w') as f:
-        json.dump(dict(device=device_name, amp=amp_kind, crop=args.crop, batch=args.batch,
-                       rows=rows, ratios=ratios), f, indent=2)
-    lines = [f'# AMP vs fp32, one training step of the demo segmentor ({device_name})', '',
-             f'batch {args.batch}, {args.crop}x{args.crop} crops, AMP = {amp_kind}', '',
-             '| precision | step ms (median) | peak MiB above baseline |', '|---|---|---|']
-    lines += [f"| {r['precision']} | {r.get('median_ms', float('nan')):.1f} | "
-              f"{r.get('peak_mib', float('nan')):.1f} |" for r in rows]
+    write_json(stem + '.json', dict(device=device, amp=amp_kind, crop=args.crop,
+                                    batch=args.batch, rows=rows, ratios=ratios))
+    lines = [f'# AMP vs fp32, one training step of the demo segmentor ({device})', '',
+             f'batch {args.batch}, {args.crop}x{args.crop} crops, AMP = {amp_kind}', '']
+    lines += markdown_table(['precision', 'step ms (median)', 'peak MiB above baseline'],
+                            [[r['precision'], f"{r.get('median_ms', float('nan')):.1f}",
+                              f"{r.get('peak_mib', float('nan')):.1f}"] for r in rows])
     lines += [''] + [f'- {k}: {v}' for k, v in ratios.items()]
-    with open(stem + '.md', 'w') as f:
-        f.write('\n'.join(lines) + '\n')
+    write_markdown(stem + '.md', lines)
 
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(8, 3.2))
     for ax, key, title in zip(axes, ('median_ms', 'peak_mib'), ('step time (ms)', 'peak MiB')):
         ax.bar([r['precision'] for r in rows], [r.get(key, 0) for r in rows],

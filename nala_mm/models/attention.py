@@ -22,9 +22,10 @@ from mmengine.model import BaseModule
 from torch import Tensor, nn
 
 from ..ops import (NaLaConfig, apply_rope, apply_rope_reference, build_plain_feature_map,
-                   is_exporting, kernelized_attention, kernelized_attention_weights,
+                   gated_norm, is_exporting, kernelized_attention, kernelized_attention_weights,
                    rope_phasor, rope_table)
 from ..registry import register_model
+from .depthwise import conv_tokens
 
 IMPLEMENTATIONS = ('fast', 'reference')
 Rope = Optional[Tuple[Tensor, Tensor]]
@@ -43,12 +44,6 @@ def _rope(height: int, width: int, head_dim: int, base: float,
     if is_exporting():
         return rope_table(height, width, head_dim, base, device=device)
     return _cached_rope(height, width, head_dim, base, device)
-
-
-def conv_tokens(conv: nn.Module, tokens: Tensor) -> Tensor:
-    """A conv on channels-last tokens ``(B, H, W, C)``: the tokens' channels-first view is in
-    ``torch.channels_last`` memory format, which the conv keeps, so no layout copy is made."""
-    return conv(tokens.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
 
 
 def _rope_rows(rope: Rope, rows: Optional[Tensor]) -> Rope:
@@ -140,7 +135,10 @@ class GatedAttention(BaseModule):
         # reassigned rather than named, so that each intermediate is freed as soon as it is used
         mixed = mixed + conv_tokens(self.lepe, v_tokens)
         del q, k, v, v_tokens
-        return self.out_proj(self.ln(mixed) * F.silu(gate))
+        # ln(mixed) * silu(gate) as one node that recomputes both factors in its backward
+        gated = gated_norm(mixed, gate, self.ln.weight, self.ln.bias, self.ln.eps,
+                           mode='reference' if is_exporting() else 'fast')
+        return self.out_proj(gated)
 
 
 class _KernelizedMixer(GatedAttention):

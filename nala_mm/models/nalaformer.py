@@ -19,7 +19,8 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..ops import gelu_conv, is_exporting, rope_angle_buffer
 from ..registry import register_model
-from .attention import GatedAttention, NormAwareLinearAttention, conv_tokens
+from .attention import GatedAttention, NormAwareLinearAttention
+from .depthwise import ResidualDepthwiseConv, conv_tokens
 from .checkpoint_filter import load_authors_checkpoint, missing_checkpoint_message
 
 # Variants as data (spec §2 table).
@@ -70,29 +71,6 @@ def resolve_arch(arch: Union[str, dict]) -> dict:
     return settings
 
 
-class ResidualDepthwiseConv(nn.Conv2d):
-    """``x + dwconv(x)`` as one depthwise conv: the identity is added to the kernel's centre tap.
-
-    The released block adds every depthwise conv's input back (cpe1, cpe2, the FFN's dwconv);
-    folding the identity into the kernel computes the same sum without a separate pass over the
-    activations (the gradients are the same too: d(w + I)/dw = 1). Parameters and their names
-    are the plain conv's, so checkpoints load unchanged.
-    """
-
-    def __init__(self, channels: int, kernel_size: int = 3):
-        super().__init__(channels, channels, kernel_size, padding=kernel_size // 2,
-                         groups=channels)
-        identity = torch.zeros(1, 1, kernel_size, kernel_size)
-        identity[..., kernel_size // 2, kernel_size // 2] = 1.0
-        self.register_buffer('identity', identity, persistent=False)
-
-    def folded_weight(self) -> Tensor:
-        return self.weight + self.identity
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self._conv_forward(x, self.folded_weight(), self.bias)
-
-
 def to_tokens(x: Tensor) -> Tensor:
     """``(B, C, H, W)`` map -> contiguous channels-last tokens ``(B, H, W, C)``."""
     return x.permute(0, 2, 3, 1).contiguous()
@@ -130,7 +108,7 @@ class ConvFFN(nn.Module):
         if torch.is_grad_enabled() and not is_exporting():
             # GELU and the residual dwconv as one node that saves only the pre-activation for
             # the backward (GELU is recomputed there): one hidden-width tensor fewer per block
-            hidden = gelu_conv(hidden, self.dwconv.folded_weight(), self.dwconv.bias,
+            hidden = gelu_conv(hidden, self.dwconv.kernel(), self.dwconv.bias,
                                self.dwconv.padding, self.dwconv.groups)
         elif is_exporting():
             hidden = self.dwconv(F.gelu(hidden))

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# GPU readiness in one go (< 8 min on one recent GPU): fast-vs-reference parity on CUDA in fp32
+# and under fp16 autocast, the attention / backbone / segmentor benchmarks with --device cuda,
+# and a 50-iteration AMP training run of the demo segmentor. Results: benchmarks/results/*_cuda.*
+#
+#     bash benchmarks/gpu_check.sh            # from the repository root, environment set up
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+[ -x "$PY" ] || PY=python
+OUT=benchmarks/results
+mkdir -p "$OUT"
+$PY - <<'PYCODE'
+import torch
+assert torch.cuda.is_available(), 'gpu_check.sh needs a CUDA device'
+print(torch.cuda.get_device_name(), 'torch', torch.__version__)
+PYCODE
+
+echo '== parity on CUDA: fast vs reference (fp32), and fp16 autocast vs fp32'
+$PY - <<'PYCODE' | tee "$OUT/parity_cuda.txt"
+import json
+import torch
+from nala_mm.models.attention import LinearAttention, NormAwareLinearAttention, SoftmaxAttention
+from nala_mm.models import NaLaFormer
+
+def rel(a, b):
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+torch.manual_seed(0)
+results = {}
+for kernel in ('relu', 'cosine'):
+    fast = NormAwareLinearAttention(64, 2, kernel=kernel).cuda()
+    ref = NormAwareLinearAttention(64, 2, kernel=kernel, implementation='reference').cuda()
+    ref.load_state_dict(fast.state_dict())
+    x = torch.randn(2, 48, 40, 64, device='cuda')
+    out_fast, out_ref = fast(x), ref(x)
+    out_fast.square().sum().backward()
+    out_ref.square().sum().backward()
+    grads = max(rel(a.grad, b.grad) for a, b in zip(fast.parameters(), ref.parameters()))
+    results[f'nala_{kernel}_fp32'] = dict(out=rel(out_fast, out_ref), grads=grads)
+    assert results[f'nala_{kernel}_fp32']['out'] < 1e-4 and grads < 1e-4, results
+for cls in (NormAwareLinearAttention, LinearAttention, SoftmaxAttention):
+    layer = cls(64, 2).cuda().eval()
+    x = torch.randn(1, 64, 64, 64, device='cuda')
+    with torch.no_grad():
+        expected = layer(x)
+        with torch.autocast('cuda', dtype=torch.float16):
+            actual = layer(x)
+    results[f'{cls.__name__}_fp16_autocast'] = dict(out=rel(actual, expected),
+                                                     finite=bool(torch.isfinite(actual).all()))
+    assert results[f'{cls.__name__}_fp16_autocast']['finite'], results
+    assert results[f'{cls.__name__}_fp16_autocast']['out'] < 1e-2, results
+model = NaLaFormer(arch='t', attn_types=('nala',) * 4, kernel='relu').cuda().eval()
+with torch.no_grad():
+    image = torch.randn(1, 3, 512, 512, device='cuda')
+    expected = model(image)
+    with torch.autocast('cuda', dtype=torch.float16):
+        actual = model(image)
+results['backbone_fp16_autocast'] = [rel(a, e) for a, e in zip(actual, expected)]
+print(json.dumps(results, indent=2))
+PYCODE
+
+echo '== benchmarks'
+$PY benchmarks/attention.py --device cuda --sizes 64 128 256
+$PY benchmarks/backbone.py --device cuda --sizes 1024 2048 --train-sizes 512 1024 --repeats 10 --warmup 3
+$PY benchmarks/segmentor.py --device cuda --sizes 1024 2048 --train-sizes 512 --repeats 10 --warmup 3
+
+echo '== 50-iteration AMP training run of the demo segmentor'
+$PY -c "from nala_mm.datasets.synthetic_ade import generate_ade_like; generate_ade_like('data/demo/ade/ADEChallengeData2016')"
+$PY tools/train.py configs/demo/ade20k_demo_nala_upernet.py --amp --work-dir work_dirs/gpu_check_amp \
+    --cfg-options train_cfg.max_iters=50 train_cfg.val_interval=50 \
+    default_hooks.checkpoint.interval=50 2>&1 | tee "$OUT/amp_train_cuda.log" | grep -E "Iter|mIoU" | tail -5
+echo "results: $OUT/*_cuda.*"

@@ -1,0 +1,32 @@
+"""Depthwise convs of the NaLaFormer block, on channels-last tokens."""
+import torch
+from torch import Tensor, nn
+
+
+def conv_tokens(conv: nn.Module, tokens: Tensor) -> Tensor:
+    """A conv on channels-last tokens ``(B, H, W, C)``: the tokens' channels-first view is in
+    ``torch.channels_last`` memory format, which the conv keeps, so no layout copy is made."""
+    return conv(tokens.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
+
+
+class ResidualDepthwiseConv(nn.Conv2d):
+    """``x + dwconv(x)`` as one depthwise conv: the identity is added to the kernel's centre tap.
+
+    The released block adds every 3x3 depthwise conv's input back (cpe1, cpe2, the FFN's
+    dwconv); folding the identity into the kernel computes the same sum without a separate pass
+    over the activations (the gradients are the same too: d(w + I)/dw = 1). Parameters and
+    their names are the plain conv's, so checkpoints load unchanged.
+    """
+
+    def __init__(self, channels: int, kernel_size: int = 3):
+        super().__init__(channels, channels, kernel_size, padding=kernel_size // 2,
+                         groups=channels)
+        identity = torch.zeros(1, 1, kernel_size, kernel_size)
+        identity[..., kernel_size // 2, kernel_size // 2] = 1.0
+        self.register_buffer('identity', identity, persistent=False)
+
+    def kernel(self) -> Tensor:
+        return self.weight + self.identity
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self._conv_forward(x, self.kernel(), self.bias)

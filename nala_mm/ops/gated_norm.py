@@ -1,0 +1,65 @@
+"""The mixer's output gate ``LayerNorm(s) * silu(g)`` as one autograd node.
+
+Autograd would keep, besides ``s`` (LayerNorm's input), the normalised output and ``silu(g)``
+for the product's backward: two C-wide tensors per token mixer that this node recomputes in its
+backward from ``s``, LayerNorm's per-token statistics and ``g`` (which the qkvg projection's
+output holds anyway). ``mode='reference'`` is the plain composition, differentiated by autograd
+(and what runs while exporting).
+"""
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+MODES = ('fast', 'reference')
+
+
+class _GatedNorm(torch.autograd.Function):
+
+    @staticmethod
+    def forward(ctx, s: Tensor, gate: Tensor, weight: Optional[Tensor], bias: Optional[Tensor],
+                eps: float):
+        shape = (s.shape[-1],)
+        normed, mean, rstd = torch.ops.aten.native_layer_norm(s, shape, weight, bias, eps)
+        ctx.save_for_backward(s, gate, weight, bias, mean, rstd)
+        return normed.mul_(F.silu(gate))
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, d_out: Tensor):
+        s, gate, weight, bias, mean, rstd = ctx.saved_tensors
+        needs = ctx.needs_input_grad
+        shape = (s.shape[-1],)
+        activated = F.silu(gate)
+        d_gate = None
+        if needs[1]:
+            # recompute LayerNorm's output from its statistics: (s - mean) * rstd * w + b
+            normed = (s - mean).mul_(rstd)
+            if weight is not None:
+                normed = normed.mul_(weight)
+            if bias is not None:
+                normed = normed.add_(bias)
+            d_gate = torch.ops.aten.silu_backward(d_out * normed, gate)
+            del normed
+        d_s = d_weight = d_bias = None
+        if needs[0] or needs[2] or needs[3]:
+            d_s, d_weight, d_bias = torch.ops.aten.native_layer_norm_backward(
+                d_out * activated, s, shape, mean, rstd, weight, bias,
+                [needs[0], weight is not None and needs[2], bias is not None and needs[3]])
+        return d_s, d_gate, d_weight, d_bias, None
+
+
+def gated_norm(s: Tensor, gate: Tensor, weight: Optional[Tensor] = None,
+               bias: Optional[Tensor] = None, eps: float = 1e-5, mode: str = 'fast') -> Tensor:
+    """``layer_norm(s) * silu(gate)`` over the last dim."""
+    if mode not in MODES:
+        raise ValueError(f'unknown gated_norm mode {mode!r}; expected one of {MODES}')
+    tensors = (s, gate, weight, bias)
+    needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad
+                                                 for t in tensors)
+    # under autocast the plain ops get autocast's dtype rules (LayerNorm in float32)
+    if mode == 'reference' or not needs_grad or torch.is_autocast_enabled(s.device.type):
+        return F.layer_norm(s, (s.shape[-1],), weight, bias, eps) * F.silu(gate)
+    return _GatedNorm.apply(s, gate, weight, bias, eps)

@@ -1,0 +1,101 @@
+"""The block's fused autograd nodes against the plain compositions they replace: same outputs
+and gradients, fewer bytes kept for the backward.
+
+* ``gelu_conv``: the FFN's ``conv(gelu(a))`` keeping ``a`` only;
+* ``gated_norm``: the mixer's ``layer_norm(s) * silu(g)`` keeping ``s``, ``g`` and the norm's
+  statistics.
+The plain compositions are written out here, not taken from the ops' reference modes.
+"""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from nala_mm.ops import gated_norm, gelu_conv
+
+
+def plain_gelu_conv(a, weight, bias, padding, groups):
+    return F.conv2d(F.gelu(a), weight, bias, padding=padding, groups=groups)
+
+
+def plain_gated_norm(s, gate, weight, bias, eps):
+    mean = s.mean(-1, keepdim=True)
+    var = (s - mean).square().mean(-1, keepdim=True)
+    normed = (s - mean) / torch.sqrt(var + eps) * weight + bias
+    return normed * gate * torch.sigmoid(gate)
+
+
+def saved_bytes(fn) -> int:
+    """Bytes autograd keeps for the backward of ``fn()`` (each storage counted once)."""
+    storages = {}
+
+    def pack(t):
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return sum(storages.values())
+
+
+def assert_same_gradients(actual, expected, inputs, tol):
+    grad = torch.randn_like(expected)
+    torch.testing.assert_close(actual, expected, rtol=tol, atol=tol)
+    for got, want in zip(torch.autograd.grad(actual, inputs, grad),
+                         torch.autograd.grad(expected, inputs, grad)):
+        torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize('channels_last', [False, True])
+@pytest.mark.parametrize('kernel, groups', [(3, 12), (5, 12), (3, 1)])
+def test_gelu_conv_matches_plain_composition(kernel, groups, channels_last):
+    torch.manual_seed(0)
+    a = torch.randn(2, 12, 7, 9, dtype=torch.float64)
+    if channels_last:
+        a = a.contiguous(memory_format=torch.channels_last)
+    a.requires_grad_()
+    weight = torch.randn(12, 12 // groups, kernel, kernel, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(12, dtype=torch.float64, requires_grad=True)
+    padding = (kernel // 2, kernel // 2)
+    assert_same_gradients(gelu_conv(a, weight, bias, padding, groups),
+                          plain_gelu_conv(a, weight, bias, padding, groups), (a, weight, bias),
+                          1e-10)
+
+
+def test_gelu_conv_saves_one_hidden_tensor_fewer():
+    a = torch.randn(1, 64, 32, 32, requires_grad=True)
+    weight = torch.randn(64, 1, 3, 3, requires_grad=True)
+    hidden_bytes = a.numel() * 4
+    fast = saved_bytes(lambda: gelu_conv(a, weight, None, (1, 1), 64))
+    plain = saved_bytes(lambda: plain_gelu_conv(a, weight, None, (1, 1), 64))
+    assert plain - fast == hidden_bytes  # gelu(a) is not kept
+    assert fast == hidden_bytes + weight.numel() * 4  # a and the weight only
+
+
+@pytest.mark.parametrize('shape', [(2, 5, 7, 16), (3, 33)])
+def test_gated_norm_matches_plain_composition(shape):
+    torch.manual_seed(0)
+    s, gate = (torch.randn(shape, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    weight = torch.randn(shape[-1], dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(shape[-1], dtype=torch.float64, requires_grad=True)
+    assert_same_gradients(gated_norm(s, gate, weight, bias, 1e-5),
+                          plain_gated_norm(s, gate, weight, bias, 1e-5), (s, gate, weight, bias),
+                          1e-9)
+
+
+def test_gated_norm_saves_two_tensors_fewer():
+    s = torch.randn(4, 32, 64, requires_grad=True)
+    gate = torch.randn(4, 32, 64, requires_grad=True)
+    weight, bias = torch.ones(64, requires_grad=True), torch.zeros(64, requires_grad=True)
+    fast = saved_bytes(lambda: gated_norm(s, gate, weight, bias))
+    plain = saved_bytes(lambda: F.layer_norm(s, (64,), weight, bias) * F.silu(gate))
+    # the normalised output and silu(gate) are not kept
+    assert plain - fast == 2 * s.numel() * 4
+
+
+@pytest.mark.parametrize('op, args', [
+    (gelu_conv, (torch.randn(1, 4, 5, 5), torch.randn(4, 1, 3, 3), None, (1, 1), 4)),
+    (gated_norm, (torch.randn(2, 8), torch.randn(2, 8))),
+])
+def test_unknown_mode_is_refused(op, args):
+    with pytest.raises(ValueError, match="'fused'"):
+        op(*args, mode='fused')
