@@ -77,7 +77,7 @@ def test_gated_norm_matches_plain_composition(shape):
     s, gate = (torch.randn(shape, dtype=torch.float64, requires_grad=True) for _ in range(2))
     weight = torch.randn(shape[-1], dtype=torch.float64, requires_grad=True)
     bias = torch.randn(shape[-1], dtype=torch.float64, requires_grad=True)
-    assert_same_gradients(gated_norm(s, gate, weight, bias, 1e-5),
+    assert_same_gradients(gated_norm(s, gate, (shape[-1],), weight, bias, 1e-5),
                           plain_gated_norm(s, gate, weight, bias, 1e-5), (s, gate, weight, bias),
                           1e-9)
 
@@ -86,7 +86,7 @@ def test_gated_norm_saves_two_tensors_fewer():
     s = torch.randn(4, 32, 64, requires_grad=True)
     gate = torch.randn(4, 32, 64, requires_grad=True)
     weight, bias = torch.ones(64, requires_grad=True), torch.zeros(64, requires_grad=True)
-    fast = saved_bytes(lambda: gated_norm(s, gate, weight, bias))
+    fast = saved_bytes(lambda: gated_norm(s, gate, (64,), weight, bias))
     plain = saved_bytes(lambda: F.layer_norm(s, (64,), weight, bias) * F.silu(gate))
     # the normalised output and silu(gate) are not kept
     assert plain - fast == 2 * s.numel() * 4
@@ -94,8 +94,25 @@ def test_gated_norm_saves_two_tensors_fewer():
 
 @pytest.mark.parametrize('op, args', [
     (gelu_conv, (torch.randn(1, 4, 5, 5), torch.randn(4, 1, 3, 3), None, (1, 1), 4)),
-    (gated_norm, (torch.randn(2, 8), torch.randn(2, 8))),
+    (gated_norm, (torch.randn(2, 8), torch.randn(2, 8), (8,))),
 ])
 def test_unknown_mode_is_refused(op, args):
     with pytest.raises(ValueError, match="'fused'"):
         op(*args, mode='fused')
+
+
+def test_gelu_conv_trains_under_bf16_autocast():
+    """Parameters stay float32 while the activations are bf16 (mmengine's AMP): the backward,
+    which runs outside autocast, must not mix the two."""
+    torch.manual_seed(0)
+    a = torch.randn(1, 8, 6, 6)
+    weight = torch.randn(8, 1, 3, 3, requires_grad=True)
+    bias = torch.randn(8, requires_grad=True)
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        pre = (a * 1.0).to(torch.bfloat16).requires_grad_()
+        out = gelu_conv(pre, weight, bias, (1, 1), 8)
+    assert out.dtype == torch.bfloat16
+    out.float().square().sum().backward()
+    assert weight.grad.dtype == torch.float32 and bias.grad.dtype == torch.float32
+    expected = plain_gelu_conv(pre.detach().float(), weight.detach(), bias.detach(), (1, 1), 8)
+    assert (out.float() - expected).norm() / expected.norm() < 2e-2

@@ -254,7 +254,7 @@ def test_amp_forward_keeps_attention_math_in_float32():
 
     layer.mix = spy
     with torch.autocast('cpu', dtype=torch.bfloat16):
-        out = layer(torch.randn(1, 16, 6, 6))
+        out = layer(torch.randn(1, 6, 6, 16))  # channels-last tokens
     assert seen == [(torch.float32, False)]
     assert out.dtype == torch.bfloat16
 
@@ -302,7 +302,7 @@ def test_pipeline_reads_grayscale_rgba_and_palette_images(tmp_path, small_ade, m
 def test_attention_layer_is_finite_at_extreme_magnitudes(scale):
     torch.manual_seed(0)
     layer = NormAwareLinearAttention(32, 2, kernel='cosine')
-    x = (torch.randn(2, 32, 7, 9) * scale).requires_grad_()
+    x = (torch.randn(2, 7, 9, 32) * scale).requires_grad_()  # channels-last tokens
     out = layer(x)
     assert torch.isfinite(out).all()
     out.square().mean().backward()

@@ -136,8 +136,8 @@ class GatedAttention(BaseModule):
         mixed = mixed + conv_tokens(self.lepe, v_tokens)
         del q, k, v, v_tokens
         # ln(mixed) * silu(gate) as one node that recomputes both factors in its backward
-        gated = gated_norm(mixed, gate, self.ln.weight, self.ln.bias, self.ln.eps,
-                           mode='reference' if is_exporting() else 'fast')
+        gated = gated_norm(mixed, gate, self.ln.normalized_shape, self.ln.weight, self.ln.bias,
+                           self.ln.eps, mode='reference' if is_exporting() else 'fast')
         return self.out_proj(gated)
 
 

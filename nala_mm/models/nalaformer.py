@@ -20,8 +20,8 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from ..ops import gelu_conv, is_exporting, rope_angle_buffer
 from ..registry import register_model
 from .attention import GatedAttention, NormAwareLinearAttention
-from .depthwise import ResidualDepthwiseConv, conv_tokens
 from .checkpoint_filter import load_authors_checkpoint, missing_checkpoint_message
+from .depthwise import ResidualDepthwiseConv, conv_tokens
 
 # Variants as data (spec §2 table).
 ARCH_SETTINGS: Dict[str, dict] = {

@@ -6,7 +6,7 @@ backward from ``s``, LayerNorm's per-token statistics and ``g`` (which the qkvg 
 output holds anyway). ``mode='reference'`` is the plain composition, differentiated by autograd
 (and what runs while exporting).
 """
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -19,11 +19,11 @@ MODES = ('fast', 'reference')
 class _GatedNorm(torch.autograd.Function):
 
     @staticmethod
-    def forward(ctx, s: Tensor, gate: Tensor, weight: Optional[Tensor], bias: Optional[Tensor],
-                eps: float):
-        shape = (s.shape[-1],)
+    def forward(ctx, s: Tensor, gate: Tensor, shape: Tuple[int, ...], weight: Optional[Tensor],
+                bias: Optional[Tensor], eps: float):
         normed, mean, rstd = torch.ops.aten.native_layer_norm(s, shape, weight, bias, eps)
         ctx.save_for_backward(s, gate, weight, bias, mean, rstd)
+        ctx.shape = shape
         return normed.mul_(F.silu(gate))
 
     @staticmethod
@@ -31,7 +31,7 @@ class _GatedNorm(torch.autograd.Function):
     def backward(ctx, d_out: Tensor):
         s, gate, weight, bias, mean, rstd = ctx.saved_tensors
         needs = ctx.needs_input_grad
-        shape = (s.shape[-1],)
+        shape = ctx.shape
         activated = F.silu(gate)
         d_gate = None
         if needs[1]:
@@ -44,16 +44,18 @@ class _GatedNorm(torch.autograd.Function):
             d_gate = torch.ops.aten.silu_backward(d_out * normed, gate)
             del normed
         d_s = d_weight = d_bias = None
-        if needs[0] or needs[2] or needs[3]:
+        if needs[0] or needs[3] or needs[4]:
             d_s, d_weight, d_bias = torch.ops.aten.native_layer_norm_backward(
                 d_out * activated, s, shape, mean, rstd, weight, bias,
-                [needs[0], weight is not None and needs[2], bias is not None and needs[3]])
-        return d_s, d_gate, d_weight, d_bias, None
+                [needs[0], weight is not None and needs[3], bias is not None and needs[4]])
+        return d_s, d_gate, None, d_weight, d_bias, None
 
 
-def gated_norm(s: Tensor, gate: Tensor, weight: Optional[Tensor] = None,
-               bias: Optional[Tensor] = None, eps: float = 1e-5, mode: str = 'fast') -> Tensor:
-    """``layer_norm(s) * silu(gate)`` over the last dim."""
+def gated_norm(s: Tensor, gate: Tensor, normalized_shape: Tuple[int, ...],
+               weight: Optional[Tensor] = None, bias: Optional[Tensor] = None,
+               eps: float = 1e-5, mode: str = 'fast') -> Tensor:
+    """``layer_norm(s, normalized_shape, weight, bias, eps) * silu(gate)``; the shape is given
+    as Python ints (as ``F.layer_norm`` takes it) so that tracing exporters see constants."""
     if mode not in MODES:
         raise ValueError(f'unknown gated_norm mode {mode!r}; expected one of {MODES}')
     tensors = (s, gate, weight, bias)
@@ -61,5 +63,5 @@ def gated_norm(s: Tensor, gate: Tensor, weight: Optional[Tensor] = None,
                                                  for t in tensors)
     # under autocast the plain ops get autocast's dtype rules (LayerNorm in float32)
     if mode == 'reference' or not needs_grad or torch.is_autocast_enabled(s.device.type):
-        return F.layer_norm(s, (s.shape[-1],), weight, bias, eps) * F.silu(gate)
-    return _GatedNorm.apply(s, gate, weight, bias, eps)
+        return F.layer_norm(s, normalized_shape, weight, bias, eps) * F.silu(gate)
+    return _GatedNorm.apply(s, gate, tuple(normalized_shape), weight, bias, eps)

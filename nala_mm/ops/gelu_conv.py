@@ -24,9 +24,14 @@ class _GeluConv(torch.autograd.Function):
     def forward(ctx, a: Tensor, weight: Tensor, bias: Optional[Tensor], padding: Sequence[int],
                 groups: int):
         hidden = F.gelu(a)
-        out = F.conv2d(hidden, weight, bias, padding=padding, groups=groups)
-        ctx.save_for_backward(a, weight)
+        # the conv runs in the activations' dtype (what autocast would pick); cast here so that
+        # the backward, which runs outside autocast, sees the same dtypes
+        kernel = weight.to(hidden.dtype)
+        out = F.conv2d(hidden, kernel, None if bias is None else bias.to(hidden.dtype),
+                       padding=padding, groups=groups)
+        ctx.save_for_backward(a, kernel)
         ctx.has_bias, ctx.padding, ctx.groups = bias is not None, padding, groups
+        ctx.param_dtype = weight.dtype
         return out
 
     @staticmethod
@@ -41,6 +46,8 @@ class _GeluConv(torch.autograd.Function):
             [needs[0], needs[1], ctx.has_bias and needs[2]])
         del hidden
         d_a = torch.ops.aten.gelu_backward(d_hidden, a) if needs[0] else None
+        d_weight = None if d_weight is None else d_weight.to(ctx.param_dtype)
+        d_bias = None if d_bias is None else d_bias.to(ctx.param_dtype)
         return d_a, d_weight, d_bias, None, None
 
 
