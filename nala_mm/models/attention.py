@@ -115,15 +115,19 @@ class GatedAttention(BaseModule):
     def project(self, x: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor, Rope]:
         """Tokens ``(B, H, W, C)`` -> q, k, v as ``(B, heads, N, d)``, the gate ``(B, H, W, C)``
         and the RoPE table of this size (``None`` without RoPE)."""
+        q, k, v, _, gate, rope = self._split(x)
+        return q, k, v, gate, rope
+
+    def _split(self, x: Tensor):
+        """:meth:`project` plus v as tokens ``(B, H, W, C)`` (LePE's input)."""
         self._check(x)
-        q, k, v, gate = self.qkvg(x).chunk(4, dim=-1)
-        return self._heads(q), self._heads(k), self._heads(v), gate, self._table(x)
+        q, k, v_tokens, gate = self.qkvg(x).chunk(4, dim=-1)
+        return (self._heads(q), self._heads(k), self._heads(v_tokens), v_tokens, gate,
+                self._table(x))
 
     def forward(self, x: Tensor) -> Tensor:
-        self._check(x)
         height = x.shape[1]
-        q, k, v_tokens, gate = self.qkvg(x).chunk(4, dim=-1)
-        q, k, v, rope = self._heads(q), self._heads(k), self._heads(v_tokens), self._table(x)
+        q, k, v, v_tokens, gate, rope = self._split(x)
         if self.mix_in_float32:
             # k^3 and the per-token power overflow fp16/bf16: float32 even under autocast
             with torch.autocast(device_type=x.device.type, enabled=False):
