@@ -158,14 +158,15 @@ def main() -> None:
     runs = []
     # seeds outermost: an interrupted sweep still has every variant at the first seeds
     cases = [(v, s) for s in args.seeds for v in args.variants]
+    os.makedirs(args.out, exist_ok=True)
+    stem = osp.join(args.out, 'ablation')
     with tempfile.TemporaryDirectory(prefix='nala_ablation_') as work_root:
         for variant, seed in (progress := tqdm(cases, desc='ablation runs')):
             progress.set_postfix_str(f'{variant} seed {seed}')
             runs.append(run_one(variant, seed, args.iters, work_root))
             progress.write(json.dumps(runs[-1]))
-    os.makedirs(args.out, exist_ok=True)
-    stem = osp.join(args.out, 'ablation')
-    write_outputs(runs, summarise(runs), args, stem)
+            # rewritten after every run: an interrupted sweep leaves the runs it finished
+            write_outputs(runs, summarise(runs), args, stem)
     print(open(stem + '.md').read())
 
 

@@ -11,6 +11,7 @@ import argparse
 import json
 import os.path as osp
 import re
+import subprocess
 import time
 from typing import Dict, List
 
@@ -66,6 +67,18 @@ def per_class_tables(log_text: str) -> List[Dict[str, Dict[str, float]]]:
     return tables
 
 
+def code_version() -> str:
+    """The commit the run's code came from (``-dirty`` with uncommitted changes), so that each
+    committed summary names the code behind its numbers; ``unknown`` outside a git checkout."""
+    def git(*args: str) -> str:
+        return subprocess.run(['git', *args], cwd=osp.dirname(osp.dirname(osp.abspath(__file__))),
+                              capture_output=True, text=True).stdout.strip()
+    commit = git('rev-parse', '--short', 'HEAD')
+    if not commit:
+        return 'unknown'
+    return commit + ('-dirty' if git('status', '--porcelain', '--untracked-files=no') else '')
+
+
 def summarise(task: str, metrics: dict, data: dict, runner: Runner, seconds: float,
               summary_out: str = None) -> dict:
     metrics = {k: float(v) for k, v in metrics.items()}  # numpy scalars -> JSON
@@ -73,7 +86,8 @@ def summarise(task: str, metrics: dict, data: dict, runner: Runner, seconds: flo
         tables = per_class_tables(f.read())
     summary = dict(task=task, config=TASKS[task]['config'], metrics=metrics,
                    train_seconds=round(seconds, 1), iterations=runner.iter,
-                   overlays=osp.join(runner.log_dir, 'vis_data'))
+                   overlays=osp.relpath(osp.join(runner.log_dir, 'vis_data')),
+                   commit=code_version())
     if task == 'seg':  # the test pass prints one table: IoU and Acc per class
         summary['per_class'] = tables[-1] if tables else {}
     else:  # classwise bbox then segm tables
