@@ -32,8 +32,10 @@ from .rope2d import apply_rope, apply_rope_reference, rope_phasor
 
 MODES = ('fast', 'reference')
 # Tokens per chunk: large enough that per-chunk overhead vanishes, small enough that the
-# element-wise temporaries of a chunk stay in cache-sized blocks (4096 x 128 floats = 2 MiB).
-DEFAULT_CHUNK = 4096
+# element-wise temporaries of a chunk stay in cache-sized blocks (2048 x 128 floats = 1 MiB) and
+# add little to the backward's peak (measured on a whole layer at 16K tokens: 4096 -> 2048 lowers
+# the peak of a training step by 4.4 MiB of 53, 1024 by 0.5 MiB more).
+DEFAULT_CHUNK = 2048
 Rope = Optional[Tuple[Tensor, Tensor]]
 
 
