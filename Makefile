@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup test test-e2e demo demo-det bench ablation clean-demo
+.PHONY: setup test test-e2e demo demo-det bench ablation out-norm-study clean-demo
 
 setup:
 	@bash tools/setup_env.sh
@@ -12,7 +12,7 @@ setup:
 test: setup
 	$(PY) -m pytest tests -q -p no:cacheprovider -m "not slow"
 
-# Both demos end to end with their full schedules, asserting they learn (~16 min on 2 cores).
+# Both demos end to end with their full schedules, asserting they learn (16-35 min on 2 cores).
 test-e2e: setup
 	$(PY) -m pytest tests -q -p no:cacheprovider -m slow
 
@@ -30,6 +30,10 @@ bench: setup
 # Token mixers at equal budget on the embedded data: 5 variants x 3 seeds x 200 iterations (~35 min on 2 idle cores).
 ablation: setup
 	$(PY) benchmarks/ablation.py
+
+# Detection demo with / without the per-output LayerNorms, and a ResNet-18 (3 runs of 10 epochs).
+out-norm-study: setup
+	$(PY) benchmarks/out_norm_study.py
 
 clean-demo:
 	rm -rf data/demo work_dirs/demo*

@@ -1,0 +1,60 @@
+"""The README's measured tables match the committed result files they quote.
+
+Numbers in the README are copied from runs (demos, ablation, studies); these checks fail when a
+result file is re-measured and the README is not updated, or when a README number is edited by
+hand. Each table row is found by its first cell and compared cell by cell.
+"""
+import json
+import os.path as osp
+from typing import Dict, List
+
+import pytest
+
+REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
+RESULTS = osp.join(REPO, 'benchmarks', 'results')
+
+
+def readme_rows() -> Dict[str, List[List[str]]]:
+    """First cell -> the cells of every markdown table row that starts with it."""
+    rows: Dict[str, List[List[str]]] = {}
+    with open(osp.join(REPO, 'README.md')) as f:
+        for line in f:
+            if line.startswith('|') and not line.startswith('|---'):
+                cells = [c.strip().strip('*') for c in line.strip().strip('|').split('|')]
+                rows.setdefault(cells[0], []).append(cells)
+    return rows
+
+
+def result(name: str) -> dict:
+    path = osp.join(RESULTS, name)
+    if not osp.exists(path):
+        pytest.skip(f'{name} not committed')
+    with open(path) as f:
+        return json.load(f)
+
+
+def assert_row(rows, first_cell: str, expected: List[str]) -> None:
+    candidates = rows.get(first_cell, [])
+    assert any(cells[1:1 + len(expected)] == expected for cells in candidates), (
+        f'README row {first_cell!r}: expected cells {expected}, found {candidates}')
+
+
+def test_segmentation_demo_table_matches_demo_seg_json():
+    summary, rows = result('demo_seg.json'), readme_rows()
+    for name, cls in summary['per_class'].items():
+        assert_row(rows, name, [f"{cls['IoU']:.2f}", f"{cls['Acc']:.2f}"])
+    miou = rows['mIoU'][0][1]
+    assert miou.startswith(f"{summary['metrics']['mIoU']:.2f}"), miou
+
+
+def test_detection_demo_table_matches_demo_det_json():
+    summary, rows = result('demo_det.json'), readme_rows()
+    for name, bbox in summary['per_class']['bbox'].items():
+        segm = summary['per_class']['segm'][name]
+        assert_row(rows, name, [f"{bbox['mAP']:.3f}", f"{bbox['mAP_50']:.3f}",
+                                f"{segm['mAP']:.3f}", f"{segm['mAP_50']:.3f}"])
+    with open(osp.join(REPO, 'README.md')) as f:
+        text = ' '.join(f.read().split())
+    metrics = summary['metrics']
+    assert f"bbox mAP {metrics['coco/bbox_mAP']:.3f}" in text
+    assert f"segm mAP {metrics['coco/segm_mAP']:.3f}" in text
