@@ -27,7 +27,7 @@ demo-det: setup
 bench: setup
 	$(PY) benchmarks/attention.py
 
-# Token mixers at equal budget on the embedded data: 5 variants x 3 seeds x 200 iterations (~35 min on 2 idle cores).
+# Token mixers at equal budget on the embedded data: 5 variants x 3 seeds x 200 iterations (35 min measured on 2 cores).
 ablation: setup
 	$(PY) benchmarks/ablation.py
 

@@ -87,14 +87,25 @@ def run_one(variant: str, seed: int, iters: int, work_root: str) -> dict:
 
 def summarise(runs: List[dict]) -> Dict[str, dict]:
     summary = {}
-    for variant in dict.fromkeys(r['variant'] for r in runs):
+    variants = list(dict.fromkeys(r['variant'] for r in runs))
+    by_seed = {(r['variant'], r['seed']): r['mIoU'] for r in runs if 'mIoU' in r}
+    for variant in variants:
         ok = [r for r in runs if r['variant'] == variant and 'mIoU' in r]
         values = [r['mIoU'] for r in ok]
+        # paired with the first variant at the same seed (same initial weights of everything but
+        # the mixer's math, same data order): seed-to-seed variation cancels
+        deltas = [by_seed[variant, r['seed']] - by_seed[variants[0], r['seed']] for r in ok
+                  if (variants[0], r['seed']) in by_seed]
         summary[variant] = dict(
             label=VARIANTS[variant]['label'], runs=len(ok),
             mIoU_mean=mean(values) if values else None,
             mIoU_std=stdev(values) if len(values) > 1 else None,
-            sec_per_iter_mean=mean(r['sec_per_iter'] for r in ok) if ok else None)
+            paired_delta_mean=mean(deltas) if deltas else None,
+            paired_delta_std=stdev(deltas) if len(deltas) > 1 else None,
+            paired_deltas=deltas,
+            # best of the seeds, not the mean: on a shared machine a run slowed by another job
+            # would otherwise set its variant's speed
+            sec_per_iter_best=min(r['sec_per_iter'] for r in ok) if ok else None)
     return summary
 
 
@@ -103,19 +114,25 @@ def write_outputs(runs: List[dict], summary: Dict[str, dict], args, stem: str) -
         json.dump(dict(config=osp.relpath(DEMO, REPO), iters=args.iters, seeds=args.seeds,
                        data='embedded synthetic ADE20K-layout data (make demo)', runs=runs,
                        summary=summary), f, indent=2)
+    first = next(iter(summary))
     lines = ['# Token mixers at equal budget (embedded demo data)', '',
              f'Demo UperNet + NaLaFormer, one mixer in all four stages, from scratch, '
              f'{args.iters} iterations of batch 8 at 128x128, seeds {args.seeds}; mIoU on the '
              f'40 validation images; time per training iteration on this CPU.', '',
-             '| mixer | runs | mIoU mean ± std | s / iter |', '|---|---|---|---|']
+             f'| mixer | runs | mIoU mean ± std | mIoU − {first} at the same seed, mean ± std '
+             f'(per seed) | s / iter (best seed) |', '|---|---|---|---|---|']
     for variant, row in summary.items():
         miou = '-' if row['mIoU_mean'] is None else \
             f"{row['mIoU_mean']:.2f} ± {row['mIoU_std'] or 0:.2f}"
-        speed = '-' if row['sec_per_iter_mean'] is None else f"{row['sec_per_iter_mean']:.3f}"
-        lines.append(f"| {row['label']} | {row['runs']} | {miou} | {speed} |")
+        delta = '-' if row['paired_delta_mean'] is None else (
+            f"{row['paired_delta_mean']:+.2f} ± {row['paired_delta_std'] or 0:.2f} ("
+            + ', '.join(f'{d:+.2f}' for d in row['paired_deltas']) + ')')
+        speed = '-' if row['sec_per_iter_best'] is None else f"{row['sec_per_iter_best']:.2f}"
+        lines.append(f"| {row['label']} | {row['runs']} | {miou} | {delta} | {speed} |")
     lines += ['', '| mixer | seed | mIoU | aAcc | final loss |', '|---|---|---|---|---|']
-    lines += [f"| {r['variant']} | {r['seed']} | {r.get('mIoU', '-')} | {r.get('aAcc', '-')} | "
-              f"{r.get('final_loss', r.get('error', '-'))} |" for r in runs]
+    lines += [f"| {r['variant']} | {r['seed']} | {r['mIoU']:.2f} | {r['aAcc']:.2f} | "
+              f"{r['final_loss']:.3f} |" if 'mIoU' in r else
+              f"| {r['variant']} | {r['seed']} | - | - | error: {r['error']} |" for r in runs]
     with open(stem + '.md', 'w') as f:
         f.write('\n'.join(lines) + '\n')
 
@@ -149,7 +166,17 @@ def main() -> None:
     # evaluation ~= 2.3 min a run, 15 runs ~= 35 min (500 took 12 min a run on a loaded machine)
     parser.add_argument('--iters', type=int, default=200)
     parser.add_argument('--out', default=RESULTS)
+    parser.add_argument('--report-only', action='store_true',
+                        help='rewrite the markdown table and plot from OUT/ablation.json')
     args = parser.parse_args()
+    stem = osp.join(args.out, 'ablation')
+    if args.report_only:
+        with open(stem + '.json') as f:
+            saved = json.load(f)
+        args.iters, args.seeds = saved['iters'], saved['seeds']
+        write_outputs(saved['runs'], summarise(saved['runs']), args, stem)
+        print(open(stem + '.md').read())
+        return
     os.chdir(REPO)  # the demo config's data root is relative to the repository
     from nala_mm.datasets.synthetic_ade import generate_ade_like
     from mmengine.config import Config
@@ -159,7 +186,6 @@ def main() -> None:
     # seeds outermost: an interrupted sweep still has every variant at the first seeds
     cases = [(v, s) for s in args.seeds for v in args.variants]
     os.makedirs(args.out, exist_ok=True)
-    stem = osp.join(args.out, 'ablation')
     with tempfile.TemporaryDirectory(prefix='nala_ablation_') as work_root:
         for variant, seed in (progress := tqdm(cases, desc='ablation runs')):
             progress.set_postfix_str(f'{variant} seed {seed}')

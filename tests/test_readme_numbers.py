@@ -58,3 +58,17 @@ def test_detection_demo_table_matches_demo_det_json():
     metrics = summary['metrics']
     assert f"bbox mAP {metrics['coco/bbox_mAP']:.3f}" in text
     assert f"segm mAP {metrics['coco/segm_mAP']:.3f}" in text
+
+
+def test_ablation_table_matches_ablation_json():
+    saved, rows = result('ablation.json'), readme_rows()
+    for variant, row in saved['summary'].items():
+        assert row['runs'] >= 3, f'{variant}: {row["runs"]} runs, the comparison needs >= 3 seeds'
+        per_seed = ', '.join(f'{d:+.2f}' for d in row['paired_deltas'])
+        assert_row(rows, row['label'], [
+            str(row['runs']), f"{row['mIoU_mean']:.2f} ± {row['mIoU_std']:.2f}",
+            f"{row['paired_delta_mean']:+.2f} ± {row['paired_delta_std']:.2f} ({per_seed})",
+            f"{row['sec_per_iter_best']:.2f}"])
+    # every run of the sweep is in the file, with its seed
+    assert len(saved['runs']) == sum(row['runs'] for row in saved['summary'].values())
+    assert all('seed' in run and 'mIoU' in run for run in saved['runs'])
