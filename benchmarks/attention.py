@@ -11,7 +11,9 @@ Stage-1 shape of NaLaFormer-T (C = 64, one head, d = 64, 2D RoPE), B = 1, N = H*
   LePE on a channels-first copy of v); the same parameters and outputs (checked).
 
 Each (implementation, N, mode) runs in its own process (benchmarks/common.py): time = median
-after warm-up, memory = peak above the baseline. Results:
+after warm-up, memory = peak above the baseline. On CPU the speed-ups against the released
+sequence are also timed in turns in one process (both engines each round; median of the
+per-round ratios), which a shared machine's load drift cannot bias. Results:
 benchmarks/results/attention.{json,md,png} (``attention_cuda.*`` on GPU).
 
     python benchmarks/attention.py                 # all cases
@@ -28,8 +30,9 @@ from einops import rearrange
 from torch import Tensor, nn
 
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
-from common import (RESULTS, device_name, fmt, log_log_axes, markdown_table, median_ms,  # noqa
-                    peak_memory_mib, pyplot, spawn, write_json, write_markdown)
+from common import (RESULTS, device_name, fmt, interleaved_ms, log_log_axes,  # noqa: E402
+                    markdown_table, median_ms, peak_memory_mib, pyplot, spawn, write_json,
+                    write_markdown)
 from nala_mm.models.attention import NormAwareLinearAttention  # noqa: E402
 from nala_mm.ops import NaLaConfig, apply_rope, nala_attention, rope_phasor, rope_table  # noqa
 from nala_mm.ops.nala_released import nala_attention_released  # noqa: E402
@@ -43,6 +46,8 @@ IMPLEMENTATIONS = {
     'layer_released': 'NaLa layer, released op sequence',
 }
 LAYERS = ('layer_fast', 'layer_released')
+# (released, ours, what): timed in turns in one process for the speed-ups (see paired_speedup)
+PAIRS = (('nala_released', 'nala_fast', 'op'), ('layer_released', 'layer_fast', 'layer'))
 HEAD_DIM = 64
 # Explicit softmax keeps >= one N x N float32 matrix; beyond this it is not run but bounded.
 EXPLICIT_LIMIT_BYTES = 6 * 2 ** 30
@@ -178,6 +183,18 @@ def plot(rows: list, path: str) -> None:
     fig.savefig(path, dpi=120)
 
 
+def paired_speedup(names, side: int, mode: str, repeats: int, device: str) -> dict:
+    """Released vs ours timed in turns in one process (CPU): every round times both, so the
+    load drift of a shared machine reaches both alike. The speed-up is the median of the
+    per-round ratios; each one's best call is reported beside it."""
+    slow, fast = names
+    steps = {name: make_step(name, side, mode, device) for name in (slow, fast)}
+    times = interleaved_ms(steps, repeats, warmup=3)
+    ratios = sorted(a / b for a, b in zip(times[slow], times[fast]))
+    return dict(speedup_median=ratios[len(ratios) // 2], rounds=repeats,
+                released_best_ms=min(times[slow]), ours_best_ms=min(times[fast]))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -191,8 +208,10 @@ def main() -> None:
     if args.case:
         import json
         name, side, mode, what, repeats, device = args.case
-        step = make_step(name, int(side), mode, device)
-        if what == 'memory':
+        step = None if what == 'pair' else make_step(name, int(side), mode, device)
+        if what == 'pair':
+            result = paired_speedup(name.split('+'), int(side), mode, int(repeats), device)
+        elif what == 'memory':
             step()  # one-time allocations (kernel caches, RoPE tables) are not the step's
             result = dict(peak_mib=peak_memory_mib(step, device))
         else:
@@ -231,12 +250,26 @@ def main() -> None:
                     row[f'{mode}_error'] = result['error']
         rows.append(row)
 
+    paired = []
+    if args.device == 'cpu':
+        for (slow, fast, what), side, mode in tqdm(
+                [(p, side, mode) for side in args.sizes for p in PAIRS
+                 for mode in ('fwd', 'fwd_bwd')], desc='paired timings'):
+            result = spawn(__file__, [f'{slow}+{fast}', str(side), mode, 'pair',
+                                      str(args.repeats), args.device], memory=False)
+            paired.append(dict(what=what, tokens=side * side, mode=mode, **result))
     ratios = summarise(rows, args.sizes)
+    for row in paired:
+        if row['tokens'] == 16384 and 'speedup_median' in row:
+            ratios[f"{row['what']}: released / ours, {row['mode'].replace('_', '+')} time at "
+                   f"N=16384, interleaved (median of per-round ratios)"] = \
+                fmt(row['speedup_median'], 2)
     device = device_name(args.device)
     os.makedirs(args.out, exist_ok=True)
     stem = osp.join(args.out, 'attention' if args.device == 'cpu' else f'attention_{args.device}')
     write_json(stem + '.json', dict(device=device, torch=torch.__version__, head_dim=HEAD_DIM,
-                                    layers_relative_l2=layers_rel_l2, rows=rows, ratios=ratios))
+                                    layers_relative_l2=layers_rel_l2, rows=rows, paired=paired,
+                                    ratios=ratios))
 
     def cell(row, key):
         return row.get(key + '_note', '-') if row.get(key) is None else f'{row[key]:.1f}'
@@ -248,6 +281,14 @@ def main() -> None:
         ['implementation', 'N', 'fwd ms', 'fwd+bwd ms', 'fwd MiB', 'fwd+bwd MiB'],
         [[IMPLEMENTATIONS[r['impl']], r['tokens']] +
          [cell(r, k) for k in ('fwd_ms', 'fwd_bwd_ms', 'fwd_mib', 'fwd_bwd_mib')] for r in rows])
+    if paired:
+        lines += ['', '## Released vs ours, timed in turns in one process', '',
+                  f'{args.repeats} rounds; speed-up = median of the per-round ratios (robust to '
+                  'load drift); best call of each beside it.', '']
+        lines += markdown_table(
+            ['what', 'N', 'mode', 'speed-up', 'released best ms', 'ours best ms'],
+            [[r['what'], r['tokens'], r['mode'], fmt(r.get('speedup_median'), 2),
+              fmt(r.get('released_best_ms')), fmt(r.get('ours_best_ms'))] for r in paired])
     lines += ['', '## Ratios', ''] + [f'- {k}: {v}' for k, v in ratios.items()]
     write_markdown(stem + '.md', lines)
     plot(rows, stem + '.png')
