@@ -14,12 +14,13 @@ import argparse
 import json
 import os
 import os.path as osp
-import subprocess
 import sys
 import tempfile
-import time
 from statistics import mean, stdev
 from typing import Dict, List
+
+sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
+from common import train_config  # noqa: E402
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 RESULTS = osp.join(REPO, 'benchmarks', 'results')
@@ -52,36 +53,20 @@ default_hooks = dict(logger=dict(type='LoggerHook', interval={log_interval},
 """
 
 
-def read_scalars(work_dir: str) -> List[dict]:
-    records = []
-    for root, _, files in os.walk(work_dir):
-        if 'scalars.json' in files:
-            with open(osp.join(root, 'scalars.json')) as f:
-                records += [json.loads(line) for line in f if line.strip()]
-    return records
-
-
 def run_one(variant: str, seed: int, iters: int, work_root: str) -> dict:
-    work_dir = osp.join(work_root, f'{variant}_seed{seed}')
-    config = osp.join(work_root, f'{variant}_seed{seed}.py')
-    with open(config, 'w') as f:
-        f.write(CONFIG.format(demo=DEMO, mixer=VARIANTS[variant]['mixer'], seed=seed,
-                              iters=iters, warmup=max(iters // 10, 1),
-                              log_interval=max(min(50, iters // 4), 1)))
-    start = time.perf_counter()
-    proc = subprocess.run([sys.executable, osp.join(REPO, 'tools', 'train.py'), config,
-                           '--work-dir', work_dir], cwd=REPO, capture_output=True, text=True,
-                          env=dict(os.environ, PYTHONPATH=REPO, PYTHONWARNINGS='ignore'))
-    wall = time.perf_counter() - start
-    if proc.returncode != 0:
-        return dict(variant=variant, seed=seed, error=proc.stderr.strip().splitlines()[-1])
-    records = read_scalars(work_dir)
+    run = train_config(CONFIG.format(demo=DEMO, mixer=VARIANTS[variant]['mixer'], seed=seed,
+                                     iters=iters, warmup=max(iters // 10, 1),
+                                     log_interval=max(min(50, iters // 4), 1)),
+                       f'{variant}_seed{seed}', work_root)
+    if 'error' in run:
+        return dict(variant=variant, seed=seed, error=run['error'])
+    records = run['records']
     val = [r for r in records if 'mIoU' in r][-1]
     # mmengine logs the mean iteration time of each logging window; skip the first window
     # (start-up, data workers) when there is more than one
     times = [r['time'] for r in records if 'time' in r and 'loss' in r]
     return dict(variant=variant, seed=seed, iters=iters, mIoU=val['mIoU'], aAcc=val['aAcc'],
-                sec_per_iter=mean(times[1:] or times), wall_seconds=round(wall, 1),
+                sec_per_iter=mean(times[1:] or times), wall_seconds=run['wall_seconds'],
                 final_loss=[r['loss'] for r in records if 'loss' in r][-1])
 
 

@@ -128,6 +128,31 @@ def spawn(script: str, args: List[str], memory: bool, timeout: int = 3600) -> di
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def train_config(config_text: str, name: str, work_root: str) -> dict:
+    """Write ``config_text`` to ``work_root/name.py`` and train it through tools/train.py in a
+    fresh process (a study's runs must not share state). Returns ``records`` (every line of the
+    run's scalars.json: training logs and evaluation metrics) and ``wall_seconds``, or ``error``
+    (the last line of the run's stderr)."""
+    repo = osp.dirname(osp.dirname(osp.abspath(__file__)))
+    work_dir, config = osp.join(work_root, name), osp.join(work_root, f'{name}.py')
+    with open(config, 'w') as f:
+        f.write(config_text)
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, osp.join(repo, 'tools', 'train.py'), config,
+                           '--work-dir', work_dir], cwd=repo, capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=repo, PYTHONWARNINGS='ignore'))
+    wall = round(time.perf_counter() - start, 1)
+    if proc.returncode != 0:
+        lines = proc.stderr.strip().splitlines()
+        return dict(error=lines[-1] if lines else f'exit code {proc.returncode}')
+    records = []
+    for root, _, files in os.walk(work_dir):
+        if 'scalars.json' in files:
+            with open(osp.join(root, 'scalars.json')) as f:
+                records += [json.loads(line) for line in f if line.strip()]
+    return dict(records=records, wall_seconds=wall)
+
+
 # ------------------------------------------------------------------------------ writers
 def write_json(path: str, payload: dict) -> None:
     with open(path, 'w') as f:

@@ -20,11 +20,12 @@ import argparse
 import json
 import os
 import os.path as osp
-import subprocess
 import sys
 import tempfile
-import time
 from typing import Dict, List
+
+sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
+from common import train_config  # noqa: E402
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 RESULTS = osp.join(REPO, 'benchmarks', 'results')
@@ -51,35 +52,18 @@ default_hooks = dict(checkpoint=dict(type='CheckpointHook', interval=max_epochs,
 METRICS = ('coco/bbox_mAP', 'coco/bbox_mAP_50', 'coco/segm_mAP', 'coco/segm_mAP_50')
 
 
-def read_scalars(work_dir: str) -> List[dict]:
-    records = []
-    for root, _, files in os.walk(work_dir):
-        if 'scalars.json' in files:
-            with open(osp.join(root, 'scalars.json')) as f:
-                records += [json.loads(line) for line in f if line.strip()]
-    return records
-
-
 def run_one(variant: str, epochs: int, seed: int, work_root: str) -> dict:
-    work_dir = osp.join(work_root, variant)
-    config = osp.join(work_root, f'{variant}.py')
-    with open(config, 'w') as f:
-        f.write(CONFIG.format(demo=DEMO, model=VARIANTS[variant]['model'], seed=seed,
-                              epochs=epochs))
-    start = time.perf_counter()
-    proc = subprocess.run([sys.executable, osp.join(REPO, 'tools', 'train.py'), config,
-                           '--work-dir', work_dir], cwd=REPO, capture_output=True, text=True,
-                          env=dict(os.environ, PYTHONPATH=REPO, PYTHONWARNINGS='ignore'))
-    wall = time.perf_counter() - start
-    if proc.returncode != 0:
-        return dict(variant=variant, error=proc.stderr.strip().splitlines()[-1])
-    records = read_scalars(work_dir)
+    run = train_config(CONFIG.format(demo=DEMO, model=VARIANTS[variant]['model'], seed=seed,
+                                     epochs=epochs), variant, work_root)
+    if 'error' in run:
+        return dict(variant=variant, error=run['error'])
+    records = run['records']
     val = [r for r in records if 'coco/bbox_mAP' in r][-1]
     losses = [r for r in records if 'loss_cls' in r]
     return dict(variant=variant, label=VARIANTS[variant]['label'], epochs=epochs, seed=seed,
                 **{m.split('/')[1]: val[m] for m in METRICS},
                 final_loss_cls=losses[-1]['loss_cls'], final_acc=losses[-1].get('acc'),
-                final_loss_mask=losses[-1]['loss_mask'], wall_seconds=round(wall, 1))
+                final_loss_mask=losses[-1]['loss_mask'], wall_seconds=run['wall_seconds'])
 
 
 def write_outputs(runs: List[dict], args, stem: str) -> None:
