@@ -72,3 +72,21 @@ def test_ablation_table_matches_ablation_json():
     # every run of the sweep is in the file, with its seed
     assert len(saved['runs']) == sum(row['runs'] for row in saved['summary'].values())
     assert all('seed' in run and 'mIoU' in run for run in saved['runs'])
+
+
+def test_flops_table_matches_get_flops_output():
+    path = osp.join(RESULTS, 'flops_variants.md')  # python tools/get_flops.py --variants
+    if not osp.exists(path):
+        pytest.skip('flops_variants.md not committed')
+    rows = readme_rows()
+    with open(path) as f:
+        measured = [line.strip().strip('|').split('|') for line in f
+                    if line.startswith('| ') and not line.startswith('| variant')]
+    assert len(measured) == 5
+    for cells in measured:
+        variant, params, _, _, backbone, *_, classifier, _, paper = (c.strip() for c in cells)
+        readme = rows[variant][0]
+        assert readme[1] == f'{params} M', (variant, readme)
+        # the README rounds the tool's three decimals to two (5.095 -> 5.10)
+        for quoted, value in ((readme[2], backbone), (readme[3], classifier)):
+            assert abs(float(quoted) - float(value)) <= 0.005 + 1e-9, (variant, quoted, value)
