@@ -90,3 +90,11 @@ def test_flops_table_matches_get_flops_output():
         # the README rounds the tool's three decimals to two (5.095 -> 5.10)
         for quoted, value in ((readme[2], backbone), (readme[3], classifier)):
             assert abs(float(quoted) - float(value)) <= 0.005 + 1e-9, (variant, quoted, value)
+
+
+def test_out_norm_table_matches_out_norm_study_json():
+    saved, rows = result('out_norm_study.json'), readme_rows()
+    for run in saved['runs']:
+        assert_row(rows, run['label'], [f"{run[k]:.3f}" for k in
+                                        ('bbox_mAP', 'bbox_mAP_50', 'segm_mAP', 'segm_mAP_50')]
+                   + [f"{run['final_acc']:.1f}"])

@@ -253,9 +253,10 @@ class NaLaFormer(BaseModule):
         in_channels: image channels.
         out_indices: stages whose features (before the downsample) are returned.
         out_norm: pass each returned map through its own LayerNorm ``out_norm{i}`` (as Swin does
-            for pretrained dense prediction). Off returns the raw stage features: a per-pixel
-            LayerNorm discards each position's feature magnitude, and Mask R-CNN trained from
-            scratch then stalls at the class prior (measured: README, detection demo).
+            for pretrained dense prediction). Off returns the raw stage features, with each
+            position's magnitude that a per-pixel LayerNorm discards (an earlier version's
+            Mask R-CNN from scratch stalled at the class prior with the norms; the current one
+            does not: README, detection demo).
         drop_path_rate: stochastic depth, linearly increasing; ``None`` = the variant's.
         frozen_stages: -1 trains all; 0 freezes the stem; i freezes the stem and stages 1..i.
         norm_eval: keep BatchNorm layers in eval mode while training.
