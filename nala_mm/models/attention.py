@@ -9,8 +9,8 @@ inspection, :meth:`GatedAttention.attention_weights`). To add one, subclass
 a backbone's ``attn_types`` (``dict(type='MyMixer', ...)``).
 
 Modules take and return channels-last tokens ``(B, H, W, C)``, the backbone block's layout: the
-projections read contiguous memory, and for one head (NaLaFormer's stride-4 stage) q, k, v are
-views of the projection's output. The math lives in :mod:`nala_mm.ops`.
+projections read contiguous memory, and q, k, v and the gate are four contiguous products with
+``qkvg``'s weight rows. The math lives in :mod:`nala_mm.ops`.
 """
 from functools import lru_cache
 from typing import Optional, Tuple
