@@ -25,7 +25,7 @@ from ..ops import (NaLaConfig, apply_rope, apply_rope_reference, build_plain_fea
                    gated_norm, is_exporting, kernelized_attention, kernelized_attention_weights,
                    rope_phasor, rope_table)
 from ..registry import register_model
-from .depthwise import conv_tokens
+from .depthwise import TokenConv2d, conv_tokens
 
 IMPLEMENTATIONS = ('fast', 'reference')
 Rope = Optional[Tuple[Tensor, Tensor]]
@@ -82,8 +82,8 @@ class GatedAttention(BaseModule):
         self.use_rope = use_rope
         self.rope_base = rope_base
         self.qkvg = nn.Linear(embed_dims, 4 * embed_dims)
-        self.lepe = nn.Conv2d(embed_dims, embed_dims, lepe_kernel_size,
-                              padding=lepe_kernel_size // 2, groups=embed_dims)
+        self.lepe = TokenConv2d(embed_dims, embed_dims, lepe_kernel_size,
+                                padding=lepe_kernel_size // 2, groups=embed_dims)
         self.ln = nn.LayerNorm(embed_dims, eps=1e-5)
         self.out_proj = nn.Linear(embed_dims, embed_dims)
 

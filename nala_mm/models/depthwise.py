@@ -1,12 +1,22 @@
-"""Depthwise convs of the NaLaFormer block, on channels-last tokens."""
+"""Convolutions of the NaLaFormer block, on channels-last tokens."""
 import torch
 from torch import Tensor, nn
+
+from ..ops.conv_weight_grad import conv2d
 
 
 def conv_tokens(conv: nn.Module, tokens: Tensor) -> Tensor:
     """A conv on channels-last tokens ``(B, H, W, C)``: the tokens' channels-first view is in
     ``torch.channels_last`` memory format, which the conv keeps, so no layout copy is made."""
     return conv(tokens.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
+
+
+class TokenConv2d(nn.Conv2d):
+    """``nn.Conv2d`` (same parameters and names) whose training backward takes the faster CPU
+    weight-gradient paths of :mod:`nala_mm.ops.conv_weight_grad` for channels-last inputs."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return conv2d(x, self.weight, self.bias, self.stride, self.padding, self.groups)
 
 
 class ResidualDepthwiseConv(nn.Conv2d):

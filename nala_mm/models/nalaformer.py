@@ -21,7 +21,7 @@ from ..ops import gelu_conv, is_exporting, rope_angle_buffer
 from ..registry import register_model
 from .attention import GatedAttention, NormAwareLinearAttention
 from .checkpoint_filter import load_authors_checkpoint, missing_checkpoint_message
-from .depthwise import ResidualDepthwiseConv, conv_tokens
+from .depthwise import ResidualDepthwiseConv, TokenConv2d, conv_tokens
 
 # Variants as data (spec §2 table).
 ARCH_SETTINGS: Dict[str, dict] = {
@@ -209,7 +209,7 @@ class Downsample(nn.Module):
 
     def __init__(self, in_channels: int, out_channels: int, norm_cfg: dict):
         super().__init__()
-        self.reduction = nn.Conv2d(in_channels, out_channels, 3, stride=2, padding=1)
+        self.reduction = TokenConv2d(in_channels, out_channels, 3, stride=2, padding=1)
         self.norm = build_norm_layer(norm_cfg, out_channels)[1]
 
     def forward(self, x: Tensor) -> Tensor:

@@ -1,0 +1,130 @@
+"""Convolutions on channels-last tokens with a faster weight gradient on CPU.
+
+oneDNN (PyTorch's CPU convolutions) computes the forward and the input gradient of the block's
+convolutions quickly in ``channels_last`` memory, but two weight gradients slowly (its generic
+``jit:avx2 backward_weights`` kernel, measured on this project's 2-core AVX2 CPU, batch 2):
+
+* dense convs (the 3x3/s2 downsamples): 2.2x slower than the same gradient computed on
+  channels-first copies of the input and output gradient, copies included
+  (64->128 at 256^2: 482 -> 217 ms; 128->256 at 128^2: 272 -> 128 ms; 256->512 at 64^2:
+  211 -> 97 ms);
+* depthwise 5x5 (LePE): ~7x the cost per tap of a depthwise 3x3, which oneDNN handles with its
+  depthwise kernel. Four 3x3 weight gradients over windows of the padded input cover the 5x5
+  taps (offsets {-2..0} x {-2..0}, ..., {0..2} x {0..2}); measured 2.3x faster at 256^2 (250 ->
+  108 ms, 64 channels), 1.9x at 128^2, no gain at 64^2 and below, where oneDNN's direct kernel
+  is kept.
+
+``mode='fast'`` runs the forward as ``F.conv2d`` in one autograd node whose backward picks those
+paths; ``'reference'`` is ``F.conv2d`` differentiated by autograd. Same numbers (sums in another
+order). Off CPU, under autocast, without gradients or while exporting, both are ``F.conv2d``.
+"""
+from typing import Optional, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+from .export import is_exporting
+
+MODES = ('fast', 'reference')
+# Below this many pixels per map oneDNN's own depthwise 5x5 weight gradient is as fast as four
+# 3x3 ones (measured: equal at 64^2, 1.9x slower at 128^2).
+SPLIT_MIN_PIXELS = 96 * 96
+_convolution_backward = torch.ops.aten.convolution_backward
+
+
+def _is_channels_last(x: Tensor) -> bool:
+    return x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+
+
+def _weight_grad_onednn(d_out: Tensor, x: Tensor, weight: Tensor, stride: Tuple[int, int],
+                        padding: Tuple[int, int], groups: int) -> Tensor:
+    return _convolution_backward(d_out, x, weight, None, list(stride), list(padding), [1, 1],
+                                 False, [0, 0], groups, [False, True, False])[1]
+
+
+def depthwise_weight_grad_by_3x3(d_out: Tensor, x: Tensor, kernel_size: int) -> Tensor:
+    """Weight gradient of a stride-1, 'same'-padded depthwise ``k x k`` conv (k odd, >= 3) as
+    depthwise 3x3 weight gradients over windows of the padded input.
+
+    The window starting at ``(a, b)`` of the input padded by ``k // 2`` holds the taps at
+    offsets ``a..a+2`` x ``b..b+2`` of the ``k x k`` kernel; windows at even starts cover all
+    of them (the overlapping taps come out equal). Windows are copied into one reused buffer in
+    the input's memory format.
+    """
+    channels, height, width = x.shape[1], x.shape[2], x.shape[3]
+    pad = kernel_size // 2
+    padded = F.pad(x, (pad, pad, pad, pad))
+    memory_format = torch.channels_last if _is_channels_last(x) else torch.contiguous_format
+    window = torch.empty((x.shape[0], channels, height + 2, width + 2), dtype=x.dtype,
+                         device=x.device, memory_format=memory_format)
+    kernel_3x3 = x.new_empty(channels, 1, 3, 3)  # only its shape is read
+    grad = x.new_empty(channels, 1, kernel_size, kernel_size)
+    starts = range(0, kernel_size - 2, 2)
+    for a in starts:
+        for b in starts:
+            window.copy_(padded[:, :, a:a + height + 2, b:b + width + 2])
+            grad[:, :, a:a + 3, b:b + 3] = _weight_grad_onednn(d_out, window, kernel_3x3, (1, 1),
+                                                               (0, 0), channels)
+    return grad
+
+
+def conv_weight_grad(d_out: Tensor, x: Tensor, weight: Tensor, stride: Tuple[int, int],
+                     padding: Tuple[int, int], groups: int) -> Tensor:
+    """The weight gradient of ``F.conv2d(x, weight, None, stride, padding, groups=groups)``,
+    by the fastest path measured on CPU (module docstring)."""
+    kernel_size = weight.shape[-1]
+    depthwise = groups == x.shape[1] == weight.shape[0] and weight.shape[1] == 1
+    if (depthwise and kernel_size > 3 and kernel_size % 2 == 1
+            and weight.shape[-2] == kernel_size and tuple(stride) == (1, 1)
+            and tuple(padding) == (kernel_size // 2,) * 2
+            and x.shape[2] * x.shape[3] >= SPLIT_MIN_PIXELS):
+        return depthwise_weight_grad_by_3x3(d_out, x, kernel_size)
+    if groups == 1 and _is_channels_last(x):
+        return _weight_grad_onednn(d_out.contiguous(), x.contiguous(), weight, stride, padding,
+                                   groups)
+    return _weight_grad_onednn(d_out, x, weight, stride, padding, groups)
+
+
+class _Conv2d(torch.autograd.Function):
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Optional[Tensor],
+                stride: Tuple[int, int], padding: Tuple[int, int], groups: int):
+        ctx.save_for_backward(x, weight)
+        ctx.stride, ctx.padding, ctx.groups = stride, padding, groups
+        ctx.has_bias = bias is not None
+        return F.conv2d(x, weight, bias, stride, padding, 1, groups)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, d_out: Tensor):
+        x, weight = ctx.saved_tensors
+        needs = ctx.needs_input_grad
+        d_x = d_weight = d_bias = None
+        if needs[0]:
+            d_x = _convolution_backward(d_out, x, weight, None, list(ctx.stride),
+                                        list(ctx.padding), [1, 1], False, [0, 0], ctx.groups,
+                                        [True, False, False])[0]
+        if needs[1]:
+            d_weight = conv_weight_grad(d_out, x, weight, ctx.stride, ctx.padding, ctx.groups)
+        if ctx.has_bias and needs[2]:
+            d_bias = d_out.sum((0, 2, 3))
+        return d_x, d_weight, d_bias, None, None, None
+
+
+def conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
+           stride: Sequence[int] = (1, 1), padding: Sequence[int] = (0, 0), groups: int = 1,
+           mode: str = 'fast') -> Tensor:
+    """``F.conv2d(x, weight, bias, stride, padding, groups=groups)`` (no dilation, numeric
+    padding); ``mode='fast'`` takes the CPU weight-gradient paths of the module docstring."""
+    if mode not in MODES:
+        raise ValueError(f'unknown conv2d mode {mode!r}; expected one of {MODES}')
+    stride, padding = tuple(stride), tuple(padding)
+    needs_grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (x, weight, bias))
+    if (mode == 'reference' or not needs_grad or x.device.type != 'cpu' or is_exporting()
+            or torch.is_autocast_enabled('cpu')):
+        return F.conv2d(x, weight, bias, stride, padding, 1, groups)
+    return _Conv2d.apply(x, weight, bias, stride, padding, groups)

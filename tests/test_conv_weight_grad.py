@@ -1,0 +1,85 @@
+"""The block's convolutions with their CPU weight-gradient paths (``nala_mm.ops.conv_weight_grad``)
+against ``F.conv2d`` differentiated by autograd: same outputs and gradients, and the paths are
+actually taken at the shapes they were measured for."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import nala_mm.ops.conv_weight_grad as cwg
+from nala_mm.models import NaLaFormer
+
+
+def gradients(fn, inputs, grad):
+    out = fn(*inputs)
+    return (out, *torch.autograd.grad(out, inputs, grad))
+
+
+# (in channels, out channels, kernel, stride, groups, height, width)
+CASES = {
+    'downsample 3x3/s2': (6, 10, 3, 2, 1, 11, 14),
+    'dense 3x3/s1': (6, 10, 3, 1, 1, 9, 8),
+    'depthwise 5x5 (LePE)': (8, 8, 5, 1, 8, 13, 10),
+    'depthwise 7x7': (8, 8, 7, 1, 8, 12, 9),
+    'depthwise 3x3': (8, 8, 3, 1, 8, 7, 11),
+}
+
+
+@pytest.mark.parametrize('split', [False, True], ids=['onednn', 'split-into-3x3'])
+@pytest.mark.parametrize('channels_last', [False, True], ids=['cf', 'cl'])
+@pytest.mark.parametrize('case', list(CASES))
+def test_fast_gradients_match_autograd(case, channels_last, split, monkeypatch):
+    if split:  # every map qualifies for the depthwise split
+        monkeypatch.setattr(cwg, 'SPLIT_MIN_PIXELS', 0)
+    cin, cout, kernel, stride, groups, height, width = CASES[case]
+    torch.manual_seed(0)
+    x = torch.randn(2, cin, height, width, dtype=torch.float64)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    x.requires_grad_()
+    weight = torch.randn(cout, cin // groups, kernel, kernel, dtype=torch.float64,
+                         requires_grad=True)
+    bias = torch.randn(cout, dtype=torch.float64, requires_grad=True)
+    padding = (kernel // 2, kernel // 2)
+    plain = lambda x, w, b: F.conv2d(x, w, b, (stride, stride), padding, 1, groups)  # noqa: E731
+    fast = lambda x, w, b: cwg.conv2d(x, w, b, (stride, stride), padding, groups)  # noqa: E731
+    out = plain(x, weight, bias)
+    grad = torch.randn_like(out)
+    for got, want in zip(gradients(fast, (x, weight, bias), grad),
+                         gradients(plain, (x, weight, bias), grad)):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+
+
+def test_lepe_takes_the_split_path_at_stage_one_size(monkeypatch):
+    """At a 96x96 map (a 384^2 image's first stage) the 5x5 weight gradient goes through the
+    3x3 windows, in float32 within rounding of oneDNN's own gradient."""
+    calls = []
+    split = cwg.depthwise_weight_grad_by_3x3
+    monkeypatch.setattr(cwg, 'depthwise_weight_grad_by_3x3',
+                        lambda *args: calls.append(args[0].shape) or split(*args))
+    torch.manual_seed(0)
+    x = torch.randn(2, 96, 96, 16).permute(0, 3, 1, 2).requires_grad_()  # channels-last view
+    weight = torch.randn(16, 1, 5, 5, requires_grad=True)
+    d_out = torch.randn(2, 16, 96, 96)
+    cwg.conv2d(x, weight, None, (1, 1), (2, 2), 16).backward(d_out)
+    assert calls == [torch.Size([2, 16, 96, 96])]
+    want = torch.ops.aten.convolution_backward(d_out, x.detach(), weight.detach(), None, [1, 1],
+                                               [2, 2], [1, 1], False, [0, 0], 16,
+                                               [False, True, False])[1]
+    torch.testing.assert_close(weight.grad, want, rtol=1e-4, atol=1e-3)
+
+
+def test_backbone_convs_use_the_fast_node_only_when_training():
+    model = NaLaFormer(arch=dict(embed_dims=(8, 16, 16, 16), depths=(1, 1, 1, 1),
+                                 num_heads=(1, 1, 1, 1)), attn_types=('nala',) * 4)
+    lepe, reduction = model.layers[0].blocks[0].attn.lepe, model.layers[0].downsample.reduction
+    x = torch.randn(1, 8, 12, 12).contiguous(memory_format=torch.channels_last)
+    assert type(lepe(x).grad_fn).__name__ == '_Conv2dBackward'
+    assert type(reduction(x).grad_fn).__name__ == '_Conv2dBackward'
+    with torch.no_grad():
+        assert lepe(x).grad_fn is None
+    assert sorted(name for name, _ in lepe.named_parameters()) == ['bias', 'weight']
+
+
+def test_unknown_mode_is_refused():
+    with pytest.raises(ValueError, match="unknown conv2d mode 'fused'"):
+        cwg.conv2d(torch.randn(1, 2, 4, 4), torch.randn(2, 2, 3, 3), mode='fused')
