@@ -169,10 +169,15 @@ def build_sign_split(kernel: str, alpha: float = 20.0) -> SignSplit:
 LOG_FLOOR = -1e4
 
 
+def _log_abs(x: Tensor) -> Tensor:
+    """``log|x|``, floored at ``LOG_FLOOR`` (finite where x = 0)."""
+    return x.abs().log_().clamp_min_(LOG_FLOOR)
+
+
 def _power_of_abs(x: Tensor, power: Tensor) -> Tensor:
     """``|x| ** power`` with a per-row exponent, as ``exp(power * log|x|)``: on CPU a pow with
     a tensor exponent is a scalar loop, log and exp are vectorised (measured ~2.5x faster)."""
-    return x.abs().log_().clamp_min_(LOG_FLOOR).mul_(power).exp_()
+    return _log_abs(x).mul_(power).exp_()
 
 
 class FeatureMap:
@@ -224,17 +229,19 @@ class NormAwareQuery(FeatureMap):
     def backward(self, q, d_features):
         rho, direction = _unit(q)
         power = self.power(rho)
-        magnitude = _power_of_abs(direction, power)
+        log_abs = _log_abs(direction)  # shared by m = exp(p log|u|) and dm/dp = m log|u|
+        magnitude = torch.mul(log_abs, power).exp_()
         d_magnitude, d_angle = self.split.split_backward(d_features, magnitude, direction,
                                                          direction)
         weighted = d_magnitude.mul_(magnitude)  # dL/dm * m
-        # m = |u|^p: dm/du = p m / u, dm/dp = m log|u|; both are 0 where u = 0 (p > 1, m = 0),
-        # which dividing by / taking the log of 1 there gives without a branch.
-        safe_direction = direction + (direction == 0)
+        # m = |u|^p: dm/du = p m / u, dm/dp = m log|u|; both are 0 where u = 0 (p > 1, m = 0):
+        # the floored log is finite there, and dividing by 1 instead of 0 needs no branch.
         d_rho = None
         if self.norm_aware:
-            d_power = (weighted * safe_direction.abs().log_()).sum(-1, keepdim=True)
+            d_power = log_abs.mul_(weighted).sum(-1, keepdim=True)
             d_rho = d_power.mul_(torch.tanh(rho).square_().neg_().add_(1.0)).mul_(self.lam)
+        del log_abs
+        safe_direction = direction + (direction == 0)
         d_u = weighted.div_(safe_direction).mul_(power)
         if d_angle is not None:
             d_u = d_u.add_(d_angle)
