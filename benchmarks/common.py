@@ -77,22 +77,43 @@ def median_ms(step: Step, repeats: int, device: str, warmup: int = 1) -> float:
     return median(times)
 
 
-def interleaved_ms(steps: Dict[str, Step], repeats: int, warmup: int = 1) -> Dict[str, List[float]]:
-    """Wall times (CPU) of several engines doing the same work, taken in turns.
+def interleaved_ms(steps: Dict[str, Step], repeats: int, warmup: int = 1,
+                   device: str = 'cpu') -> Dict[str, List[float]]:
+    """Wall times of several engines doing the same work, taken in turns.
 
     Each round times every engine once, so drift in a shared machine's load reaches all of them
     alike; compare per-round ratios or medians, not single calls.
     """
+    def sync() -> None:
+        if device == 'cuda':
+            torch.cuda.synchronize()
+
     for _ in range(warmup):
         for step in steps.values():
             step()
     times: Dict[str, List[float]] = {name: [] for name in steps}
     for _ in range(repeats):
         for name, step in steps.items():
+            sync()
             start_s = time.perf_counter()
             step()
+            sync()
             times[name].append((time.perf_counter() - start_s) * 1e3)
     return times
+
+
+def in_turns(steps: Dict[str, Step], reference: str, repeats: int, warmup: int,
+             device: str) -> Dict[str, dict]:
+    """Every model's median and best time from rounds taken in turns in one process, and its
+    time ratio to ``reference`` as the median of the per-round ratios (robust to load drift:
+    both calls of a round see the same machine)."""
+    times = interleaved_ms(steps, repeats, warmup, device)
+    result = {}
+    for name, mine in times.items():
+        result[name] = dict(median_ms=median(mine), best_ms=min(mine), times_ms=mine)
+        if reference in times:
+            result[name]['ms_ratio'] = median(a / b for a, b in zip(mine, times[reference]))
+    return result
 
 
 def measure(step: Step, what: str, repeats: int, warmup: int, device: str) -> dict:
@@ -192,26 +213,36 @@ def fmt(value: Optional[float], digits: int = 1) -> str:
 def run_cases(script: str, models: Dict[str, dict], plan: Dict[str, Sequence[int]],
               batches: Dict[str, int], repeats: int, warmup: int, device: str,
               timeout: int) -> List[dict]:
-    """Every (mode, side, model) of ``plan`` in two fresh processes (memory, then time); models
-    interleaved at each size so that drift in the machine's load reaches all of them."""
+    """Every (mode, side) of ``plan``: each model's peak memory in a fresh process of its own
+    (a high-water mark needs one), then all models timed in turns in one more process
+    (:func:`in_turns`), so that the time ratios compare calls made under the same load."""
     from tqdm import tqdm
-    cases = [(mode, side, name) for mode, sides in plan.items() for side in sides
-             for name in models]
+    cases = [(mode, side) for mode, sides in plan.items() for side in sides]
     rows = []
     progress = tqdm(cases, desc=osp.basename(script))
-    for mode, side, name in progress:
-        progress.set_postfix_str(f'{mode} {name} {side}x{side}')
-        case = [name, side, mode, batches[mode], repeats, warmup, device]
-        memory = spawn(script, [*map(str, case), 'memory'], memory=True, timeout=timeout)
-        # a case that runs out of memory once is not timed
-        timing = spawn(script, [*map(str, case), 'time'], memory=False, timeout=timeout) \
-            if 'error' not in memory else {}
-        row = dict(model=name, mode=mode, side=side, pixels=side * side, batch=batches[mode],
-                   ms=timing.get('median_ms'), mib=memory.get('peak_mib'))
-        errors = [r['error'] for r in (memory, timing) if 'error' in r]
-        if errors:
-            row['error'] = errors[0]
-        rows.append(row)
+    for mode, side in progress:
+        progress.set_postfix_str(f'{mode} {side}x{side}')
+        mine = []
+        for name in models:
+            case = [name, side, mode, batches[mode], repeats, warmup, device]
+            memory = spawn(script, [*map(str, case), 'memory'], memory=True, timeout=timeout)
+            row = dict(model=name, mode=mode, side=side, pixels=side * side, batch=batches[mode],
+                       mib=memory.get('peak_mib'))
+            if 'error' in memory:
+                row['error'] = memory['error']
+            mine.append(row)
+        # a model that ran out of memory once is not timed
+        timed = [row['model'] for row in mine if 'error' not in row]
+        case = ['+'.join(timed), side, mode, batches[mode], repeats, warmup, device, 'turns']
+        timing = spawn(script, list(map(str, case)), memory=False,
+                       timeout=timeout * len(timed)) if timed else {}
+        for row in mine:
+            result = timing.get(row['model'], {})
+            row.update(ms=result.get('median_ms'), ms_best=result.get('best_ms'),
+                       ms_ratio=result.get('ms_ratio'), times_ms=result.get('times_ms'))
+            if 'error' in timing and 'error' not in row:
+                row['error'] = timing['error']
+        rows += mine
     return rows
 
 
@@ -225,15 +256,14 @@ def fit_exponent(rows: List[dict], model: str, mode: str, key: str) -> Optional[
     return float(np.polyfit(pixels, values, 1)[0])
 
 
-def add_ratios(rows: List[dict], reference: str) -> None:
-    """``ms_ratio`` / ``mib_ratio``: each row against the reference model's at the same mode
-    and size (time ratio < 1 = faster, memory ratio < 1 = lighter)."""
+def add_memory_ratios(rows: List[dict], reference: str) -> None:
+    """``mib_ratio``: each row's peak memory against the reference model's at the same mode
+    and size (< 1 = lighter). Time ratios come from the rounds in turns (:func:`in_turns`)."""
     for row in rows:
         ref = next((r for r in rows if r['model'] == reference and r['mode'] == row['mode']
                     and r['side'] == row['side']), {})
-        for key in ('ms', 'mib'):
-            value, base = row.get(key), ref.get(key)
-            row[f'{key}_ratio'] = None if value is None or not base else value / base
+        value, base = row.get('mib'), ref.get('mib')
+        row['mib_ratio'] = None if value is None or not base else value / base
 
 
 def sweep_report(rows: List[dict], models: Dict[str, dict], reference_label: str,
@@ -246,10 +276,11 @@ def sweep_report(rows: List[dict], models: Dict[str, dict], reference_label: str
         batch = mine[0]['batch']
         lines += ['', f'## {MODE_TITLES[mode]}, batch {batch}', '']
         lines += markdown_table(
-            ['model', 'side', 'ms', f'time / {reference_label}', 'peak MiB',
+            ['model', 'side', 'median ms', 'best ms', f'time / {reference_label}', 'peak MiB',
              f'memory / {reference_label}', 'error'],
-            [[models[r['model']]['label'], r['side'], fmt(r['ms']), fmt(r['ms_ratio'], 2),
-              fmt(r['mib']), fmt(r['mib_ratio'], 2), r.get('error', '')] for r in mine])
+            [[models[r['model']]['label'], r['side'], fmt(r['ms']), fmt(r.get('ms_best')),
+              fmt(r['ms_ratio'], 2), fmt(r['mib']), fmt(r['mib_ratio'], 2),
+              r.get('error', '')] for r in mine])
     lines += ['', '## Cost exponents (log-log least-squares slope vs pixels; 1 = linear, '
                   '2 = quadratic)', '']
     fit_rows = []
@@ -296,7 +327,7 @@ def sweep_cli(script: str, doc: str, stem: str, models: Dict[str, dict],
                         help='square crop sides of the training-step mode (none: skip it)')
     parser.add_argument('--train-batch', type=int, default=2)
     parser.add_argument('--models', nargs='+', choices=list(models), default=list(models))
-    parser.add_argument('--repeats', type=int, default=3, help='timed runs (median)')
+    parser.add_argument('--repeats', type=int, default=3, help='timed rounds in turns (median)')
     parser.add_argument('--warmup', type=int, default=1, help='untimed runs before timing')
     parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
     parser.add_argument('--timeout', type=int, default=3600, help='seconds per measurement')
@@ -305,6 +336,11 @@ def sweep_cli(script: str, doc: str, stem: str, models: Dict[str, dict],
     if args.case:
         name, side, mode, batch, repeats, warmup, device, what = args.case
         torch.manual_seed(0)
+        if what == 'turns':
+            steps = {n: make_step(n, int(side), mode, int(batch), device)
+                     for n in name.split('+')}
+            print(json.dumps(in_turns(steps, reference, int(repeats), int(warmup), device)))
+            return
         step = make_step(name, int(side), mode, int(batch), device)
         print(json.dumps(measure(step, what, int(repeats), int(warmup), device)))
         return
@@ -313,13 +349,15 @@ def sweep_cli(script: str, doc: str, stem: str, models: Dict[str, dict],
     plan = {'fwd': args.sizes, 'train': args.train_sizes}
     rows = run_cases(script, chosen, plan, {'fwd': 1, 'train': args.train_batch},
                      args.repeats, args.warmup, args.device, args.timeout)
-    add_ratios(rows, reference)
+    add_memory_ratios(rows, reference)
     header = [f'# {description} ({device_name(args.device)})', '',
-              f'torch {torch.__version__}; time = median of {args.repeats} after {args.warmup} '
-              'warm-up; memory = peak of one step after the warm-up, above the baseline (model '
-              'and input already allocated; a training step frees its gradients after each step, '
-              'so they count); each measurement in its own process; ratios against '
-              f'{models[reference]["label"]} at the same mode and size.']
+              f'torch {torch.__version__}; time: the models at one mode and size timed in turns '
+              f'in one process, {args.repeats} rounds after {args.warmup} warm-up round(s); '
+              f'time / {models[reference]["label"]} = median of the per-round ratios (both calls '
+              'of a round see the same load). Memory: peak of one step after the warm-up, above '
+              'the baseline (model and input already allocated; a training step frees its '
+              'gradients after each step, so they count), each model in its own process; ratio '
+              'against the same mode and size.']
     os.makedirs(args.out, exist_ok=True)
     path = osp.join(args.out, stem if args.device == 'cpu' else f'{stem}_{args.device}')
     write_json(path + '.json', dict(device=device_name(args.device), torch=torch.__version__,

@@ -441,3 +441,25 @@ def test_missing_pretrained_checkpoint_says_where_and_how_to_train_from_scratch(
     scratch_model.train()
     assert all(p.requires_grad for p in scratch_model.parameters())
     assert all(m.training for m in scratch_model.modules())
+
+
+def test_drop_path_residual_is_mmcv_drop_path_in_one_pass():
+    """The block's fused residual draws DropPath's per-sample mask as mmcv's DropPath does and
+    gives its output: x + DropPath(gamma * branch), dropped samples keep x exactly."""
+    from mmcv.cnn.bricks import DropPath
+    model = NaLaFormer(arch=dict(embed_dims=(8, 8, 8, 8), depths=(1, 1, 1, 1),
+                                 num_heads=(1, 1, 1, 1)), drop_path_rate=0.5)
+    block = model.layers[3].blocks[0]  # the last block gets the full rate
+    block.train()
+    torch.manual_seed(0)
+    x, branch = torch.randn(16, 3, 5, 8), torch.randn(16, 3, 5, 8)
+    gamma = torch.rand(1, 8, 1, 1)
+    torch.manual_seed(1)
+    got = block._residual(x, gamma, branch)
+    torch.manual_seed(1)
+    want = x + DropPath(0.5)(gamma.view(-1) * branch)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    kept = [(got[i] - x[i]).abs().max().item() > 0 for i in range(16)]
+    assert 0 < sum(kept) < 16  # both outcomes occur at this rate and seed
+    block.eval()
+    torch.testing.assert_close(block._residual(x, gamma, branch), x + gamma.view(-1) * branch)
