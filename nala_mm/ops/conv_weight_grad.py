@@ -48,23 +48,32 @@ def depthwise_weight_grad_by_3x3(d_out: Tensor, x: Tensor, kernel_size: int) -> 
     """Weight gradient of a stride-1, 'same'-padded depthwise ``k x k`` conv (k odd, >= 3) as
     depthwise 3x3 weight gradients over windows of the padded input.
 
-    The window starting at ``(a, b)`` of the input padded by ``k // 2`` holds the taps at
-    offsets ``a..a+2`` x ``b..b+2`` of the ``k x k`` kernel; windows at even starts cover all
-    of them (the overlapping taps come out equal). Windows are copied into one reused buffer in
-    the input's memory format.
+    The ``(H+2) x (W+2)`` window starting at ``(a, b)`` of the input padded by ``k // 2``
+    holds the taps at offsets ``a..a+2`` x ``b..b+2`` of the ``k x k`` kernel; windows at even
+    starts cover all of them (the overlapping taps come out equal). Each window is written
+    into one reused buffer in the input's memory format (its zero border included), so the
+    transient memory is one input-sized buffer, not a padded copy besides it.
     """
     channels, height, width = x.shape[1], x.shape[2], x.shape[3]
     pad = kernel_size // 2
-    padded = F.pad(x, (pad, pad, pad, pad))
     memory_format = torch.channels_last if _is_channels_last(x) else torch.contiguous_format
     window = torch.empty((x.shape[0], channels, height + 2, width + 2), dtype=x.dtype,
                          device=x.device, memory_format=memory_format)
     kernel_3x3 = x.new_empty(channels, 1, 3, 3)  # only its shape is read
     grad = x.new_empty(channels, 1, kernel_size, kernel_size)
+
+    def span(start: int, size: int):
+        """Window rows [lo, hi) holding input rows [lo + start - pad, hi + start - pad)."""
+        lo, hi = max(pad - start, 0), min(size + pad - start, size + 2)
+        return slice(lo, hi), slice(lo + start - pad, hi + start - pad)
+
     starts = range(0, kernel_size - 2, 2)
     for a in starts:
+        rows, x_rows = span(a, height)
         for b in starts:
-            window.copy_(padded[:, :, a:a + height + 2, b:b + width + 2])
+            cols, x_cols = span(b, width)
+            window.zero_()
+            window[:, :, rows, cols] = x[:, :, x_rows, x_cols]
             grad[:, :, a:a + 3, b:b + 3] = _weight_grad_onednn(d_out, window, kernel_3x3, (1, 1),
                                                                (0, 0), channels)
     return grad
