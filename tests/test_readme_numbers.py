@@ -98,3 +98,30 @@ def test_out_norm_table_matches_out_norm_study_json():
         assert_row(rows, run['label'], [f"{run[k]:.3f}" for k in
                                         ('bbox_mAP', 'bbox_mAP_50', 'segm_mAP', 'segm_mAP_50')]
                    + [f"{run['final_acc']:.1f}"])
+
+
+def sweep_rows(name: str, model: str, reference: str, prefix: str) -> List[tuple]:
+    """(first cell, expected cells) of the README's comparison table for a sweep result file:
+    time ratio, speed-up, memory ratio, 'peak vs reference peak'."""
+    summary = result(name)
+    by_key = {(r['model'], r['mode'], r['side']): r for r in summary['rows']}
+    expected = []
+    for (who, mode, side), row in by_key.items():
+        if who != model or row.get('ms_ratio') is None:
+            continue
+        base = by_key[(reference, mode, side)]
+        first = f'{prefix}forward {side}²' if mode == 'fwd' else \
+            f"{prefix}training step {side}², batch {row['batch']}"
+        expected.append((first, [f"{row['ms_ratio']:.2f}", f"{1 / row['ms_ratio']:.2f}×",
+                                 f"{row['mib_ratio']:.2f}",
+                                 f"{row['mib']:.0f} vs {base['mib']:.0f} MiB"]))
+    return expected
+
+
+@pytest.mark.parametrize('name, prefix', [('backbone.json', ''), ('segmentor.json', 'UperNet ')])
+def test_speed_tables_match_sweep_json(name, prefix):
+    rows = readme_rows()
+    expected = sweep_rows(name, 'nala_t_linear', 'swin_t', prefix)
+    assert expected, f'{name} has no timed all-linear NaLaFormer-T row'
+    for first, cells in expected:
+        assert_row(rows, first, cells)
