@@ -174,8 +174,8 @@ class NaLaBlock(nn.Module):
     def _residual(self, x: Tensor, gamma: Tensor, branch: Tensor) -> Tensor:
         """``x + DropPath(gamma * branch)`` as one ``addcmul`` pass: DropPath's per-sample
         keep mask (drawn as mmcv's ``DropPath`` draws it) scales gamma, a ``(B, 1, 1, C)``
-        factor, instead of three passes over the branch (measured: ~0.25 s of a 1024^2
-        training step of NaLaFormer-T in stage 3 alone)."""
+        factor, instead of three passes over the branch and a kept full-size product
+        (measured: NaLaFormer-T's 1024^2 training step, batch 2, 17.0 -> 15.0 s)."""
         scale = gamma.view(-1)
         if self.training and self.drop_path_rate > 0:
             keep = 1.0 - self.drop_path_rate

@@ -10,9 +10,9 @@ convolutions quickly in ``channels_last`` memory, but two weight gradients slowl
   211 -> 97 ms);
 * depthwise 5x5 (LePE): ~7x the cost per tap of a depthwise 3x3, which oneDNN handles with its
   depthwise kernel. Four 3x3 weight gradients over windows of the padded input cover the 5x5
-  taps (offsets {-2..0} x {-2..0}, ..., {0..2} x {0..2}); measured 2.3x faster at 256^2 (250 ->
-  108 ms, 64 channels), 1.9x at 128^2, no gain at 64^2 and below, where oneDNN's direct kernel
-  is kept.
+  taps (offsets {-2..0} x {-2..0}, ..., {0..2} x {0..2}); measured 2.7x faster at 256^2 (255 ->
+  95 ms, 64 channels), 2.1x at 128^2 (88 -> 42 ms, 128 channels), no gain at 64^2 and below,
+  where oneDNN's direct kernel is kept.
 
 ``mode='fast'`` runs the forward as ``F.conv2d`` in one autograd node whose backward picks those
 paths; ``'reference'`` is ``F.conv2d`` differentiated by autograd. Same numbers (sums in another
