@@ -80,14 +80,14 @@ def code_version() -> str:
 
 
 def summarise(task: str, metrics: dict, data: dict, runner: Runner, seconds: float,
-              summary_out: str = None) -> dict:
+              commit: str, summary_out: str = None) -> dict:
     metrics = {k: float(v) for k, v in metrics.items()}  # numpy scalars -> JSON
     with open(osp.join(runner.log_dir, f'{runner.timestamp}.log')) as f:
         tables = per_class_tables(f.read())
     summary = dict(task=task, config=TASKS[task]['config'], metrics=metrics,
                    train_seconds=round(seconds, 1), iterations=runner.iter,
                    overlays=osp.relpath(osp.join(runner.log_dir, 'vis_data')),
-                   commit=code_version())
+                   commit=commit)
     if task == 'seg':  # the test pass prints one table: IoU and Acc per class
         summary['per_class'] = tables[-1] if tables else {}
     else:  # classwise bbox then segm tables
@@ -128,12 +128,13 @@ def main() -> None:
     # evaluate once, after training, through the test loop (which also draws the overlays)
     cfg.train_cfg.val_interval = cfg.train_cfg.get('max_iters', cfg.train_cfg.get('max_epochs')) + 1
     runner = Runner.from_cfg(cfg)
+    commit = code_version()  # of the code that trains, even if a commit lands meanwhile
     start = time.perf_counter()
     runner.train()
     seconds = time.perf_counter() - start
     enable_test_overlays(runner)
     metrics = runner.test()
-    summarise(args.task, metrics, data, runner, seconds, args.summary_out)
+    summarise(args.task, metrics, data, runner, seconds, commit, args.summary_out)
 
 
 if __name__ == '__main__':
