@@ -2,17 +2,16 @@
 
 oneDNN (PyTorch's CPU convolutions) computes the forward and the input gradient of the block's
 convolutions quickly in ``channels_last`` memory, but two weight gradients slowly (its generic
-``jit:avx2 backward_weights`` kernel, measured on this project's 2-core AVX2 CPU, batch 2):
+``jit:avx2 backward_weights`` kernel, seen with ``ONEDNN_VERBOSE=1`` on this project's 2-core
+AVX2 CPU). Measured at NaLaFormer-T's training shapes (batch 2;
+``benchmarks/conv_weight_grad.py``, results in ``benchmarks/results/conv_weight_grad.md``):
 
-* dense convs (the 3x3/s2 downsamples): 2.2x slower than the same gradient computed on
-  channels-first copies of the input and output gradient, copies included
-  (64->128 at 256^2: 482 -> 217 ms; 128->256 at 128^2: 272 -> 128 ms; 256->512 at 64^2:
-  211 -> 97 ms);
-* depthwise 5x5 (LePE): ~7x the cost per tap of a depthwise 3x3, which oneDNN handles with its
-  depthwise kernel. Four 3x3 weight gradients over windows of the padded input cover the 5x5
-  taps (offsets {-2..0} x {-2..0}, ..., {0..2} x {0..2}); measured 2.7x faster at 256^2 (255 ->
-  95 ms, 64 channels), 2.1x at 128^2 (88 -> 42 ms, 128 channels), no gain at 64^2 and below,
-  where oneDNN's direct kernel is kept.
+* dense convs (the 3x3/s2 downsamples): computed on channels-first copies of the input and the
+  output gradient instead, copies included, 1.5-2.6x faster;
+* depthwise 5x5 (LePE): four 3x3 depthwise weight gradients, which oneDNN runs with its
+  depthwise kernel, over windows of the padded input cover the 5x5 taps (offsets {-2..0} x
+  {-2..0}, ..., {0..2} x {0..2}): 2.8x faster at 256^2, 1.4-1.5x at 128^2, no gain at 64^2 and
+  below, where oneDNN's direct kernel is kept.
 
 ``mode='fast'`` runs the forward as ``F.conv2d`` in one autograd node whose backward picks those
 paths; ``'reference'`` is ``F.conv2d`` differentiated by autograd. Same numbers (sums in another
@@ -29,7 +28,7 @@ from .export import is_exporting
 
 MODES = ('fast', 'reference')
 # Below this many pixels per map oneDNN's own depthwise 5x5 weight gradient is as fast as four
-# 3x3 ones (measured: equal at 64^2, 1.9x slower at 128^2).
+# 3x3 ones (measured: equal at 64^2, ~1.45x slower at 128^2).
 SPLIT_MIN_PIXELS = 96 * 96
 _convolution_backward = torch.ops.aten.convolution_backward
 
