@@ -7,10 +7,10 @@ AVX2 CPU). Measured at NaLaFormer-T's training shapes (batch 2;
 ``benchmarks/conv_weight_grad.py``, results in ``benchmarks/results/conv_weight_grad.md``):
 
 * dense convs (the 3x3/s2 downsamples): computed on channels-first copies of the input and the
-  output gradient instead, copies included, 1.5-2.6x faster;
+  output gradient instead, copies included, 1.8-2.3x faster;
 * depthwise 5x5 (LePE): four 3x3 depthwise weight gradients, which oneDNN runs with its
   depthwise kernel, over windows of the padded input cover the 5x5 taps (offsets {-2..0} x
-  {-2..0}, ..., {0..2} x {0..2}): 2.8x faster at 256^2, 1.4-1.5x at 128^2, no gain at 64^2 and
+  {-2..0}, ..., {0..2} x {0..2}): 2.9x faster at 256^2, 1.5-1.8x at 128^2, no gain at 64^2 and
   below, where oneDNN's direct kernel is kept.
 
 ``mode='fast'`` runs the forward as ``F.conv2d`` in one autograd node whose backward picks those
@@ -28,7 +28,7 @@ from .export import is_exporting
 
 MODES = ('fast', 'reference')
 # Below this many pixels per map oneDNN's own depthwise 5x5 weight gradient is as fast as four
-# 3x3 ones (measured: equal at 64^2, ~1.45x slower at 128^2).
+# 3x3 ones (measured: equal at 64^2, 1.5-1.8x slower at 128^2).
 SPLIT_MIN_PIXELS = 96 * 96
 _convolution_backward = torch.ops.aten.convolution_backward
 
@@ -50,7 +50,7 @@ def depthwise_weight_grad_by_3x3(d_out: Tensor, x: Tensor, kernel_size: int) -> 
     The ``(H+2) x (W+2)`` window starting at ``(a, b)`` of the input padded by ``k // 2``
     holds the taps at offsets ``a..a+2`` x ``b..b+2`` of the ``k x k`` kernel; windows at even
     starts cover all of them (the overlapping taps come out equal). Each window is written
-    into one reused buffer in the input's memory format (its zero border included), so the
+    into one reused buffer in the input's memory format, its zero border refreshed, so the
     transient memory is one input-sized buffer, not a padded copy besides it.
     """
     channels, height, width = x.shape[1], x.shape[2], x.shape[3]
@@ -71,8 +71,11 @@ def depthwise_weight_grad_by_3x3(d_out: Tensor, x: Tensor, kernel_size: int) -> 
         rows, x_rows = span(a, height)
         for b in starts:
             cols, x_cols = span(b, width)
-            window.zero_()
             window[:, :, rows, cols] = x[:, :, x_rows, x_cols]
+            # zero only the border this window's copy leaves (at most two rows/cols a side)
+            for border in (window[:, :, :rows.start], window[:, :, rows.stop:],
+                           window[:, :, :, :cols.start], window[:, :, :, cols.stop:]):
+                border.zero_()
             grad[:, :, a:a + 3, b:b + 3] = _weight_grad_onednn(d_out, window, kernel_3x3, (1, 1),
                                                                (0, 0), channels)
     return grad
