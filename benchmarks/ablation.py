@@ -5,7 +5,8 @@ in all four stages, trained from scratch on the synthetic ADE20K-layout data wit
 shortened schedule, data order and seeds; only the mixer differs, and every mixer has exactly the
 same parameters (the shared gated wrapper). Each (variant, seed) trains in its own process
 through tools/train.py and is evaluated once at the end (mIoU on the 40 validation images).
-Results: benchmarks/results/ablation.{json,md,png} (the JSON lists every run).
+Results: benchmarks/results/ablation.{json,md,png} (the JSON lists every run); discussed in
+docs/mixers.md.
 
     python benchmarks/ablation.py                      # 5 variants x 3 seeds (make ablation)
     python benchmarks/ablation.py --iters 100 --seeds 0 --variants nala-cosine softmax
@@ -14,13 +15,11 @@ import argparse
 import json
 import os
 import os.path as osp
-import sys
 import tempfile
 from statistics import mean, stdev
 from typing import Dict, List
 
-sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
-from common import train_config  # noqa: E402
+from common import train_config
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 RESULTS = osp.join(REPO, 'benchmarks', 'results')
@@ -38,7 +37,7 @@ VARIANTS: Dict[str, dict] = {
     'softmax': dict(label='softmax attention', mixer=dict(type='SoftmaxAttention')),
 }
 CONFIG = """_base_ = [{demo!r}]
-model = dict(backbone=dict(attn_types=[{mixer!r}] * 4))
+model = dict(backbone=dict(mixers=[{mixer!r}] * 4))
 randomness = dict(seed={seed})
 max_iters = {iters}
 param_scheduler = [
@@ -147,8 +146,7 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--variants', nargs='+', choices=list(VARIANTS), default=list(VARIANTS))
     parser.add_argument('--seeds', nargs='+', type=int, default=[0, 1, 2])
-    # ~0.5 s per iteration on 2 idle cores (the demo's log): 200 iterations + start-up and
-    # evaluation ~= 2.3 min a run, 15 runs ~= 35 min (500 took 12 min a run on a loaded machine)
+    # the schedule of the committed results (benchmarks/results/ablation.json)
     parser.add_argument('--iters', type=int, default=200)
     parser.add_argument('--out', default=RESULTS)
     parser.add_argument('--report-only', action='store_true',

@@ -4,6 +4,7 @@ AMP = what ``tools/train.py --amp`` selects: bf16 autocast on CPU (``BF16Autocas
 fp16 with dynamic loss scaling on GPU (mmengine's ``AmpOptimWrapper``). Each case runs in its own
 process; time = median training step after warm-up, memory = peak above the baseline.
 Results: benchmarks/results/amp.{json,md,png}.
+Discussed in docs/robustness.md ('Mixed precision').
 
     python benchmarks/amp.py [--crop 256] [--batch 2] [--repeats 5]
 """
@@ -11,12 +12,10 @@ import argparse
 import json
 import os
 import os.path as osp
-import sys
 
 import torch
 
-sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
-from common import (RESULTS, device_name, markdown_table, median_ms, peak_memory_mib,  # noqa
+from common import (RESULTS, device_name, markdown_table, median_ms, peak_memory_mib,
                     pyplot, spawn, write_json, write_markdown)
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
@@ -83,7 +82,8 @@ def main() -> None:
     fp32, amp = rows
     ratios = {}
     if 'median_ms' in fp32 and 'median_ms' in amp:
-        ratios['amp speed-up (fp32 time / amp time)'] = round(fp32['median_ms'] / amp['median_ms'], 3)
+        ratios['amp speed-up (fp32 time / amp time)'] = round(
+            fp32['median_ms'] / amp['median_ms'], 3)
     if 'peak_mib' in fp32 and 'peak_mib' in amp:
         ratios['amp peak memory / fp32 peak memory'] = round(amp['peak_mib'] / fp32['peak_mib'], 3)
     amp_kind = 'fp16 + loss scaling' if args.device == 'cuda' else 'bf16 autocast'

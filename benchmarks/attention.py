@@ -15,6 +15,7 @@ after warm-up, memory = peak above the baseline. On CPU the speed-ups against th
 sequence are also timed in turns in one process (both engines each round; median of the
 per-round ratios), which a shared machine's load drift cannot bias. Results:
 benchmarks/results/attention.{json,md,png} (``attention_cuda.*`` on GPU).
+Discussed in docs/speed.md.
 
     python benchmarks/attention.py                 # all cases
     python benchmarks/attention.py --sizes 32 64   # square side lengths
@@ -22,20 +23,17 @@ benchmarks/results/attention.{json,md,png} (``attention_cuda.*`` on GPU).
 import argparse
 import os
 import os.path as osp
-import sys
 
 import torch
 import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
-sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
-from common import (RESULTS, device_name, fmt, interleaved_ms, log_log_axes,  # noqa: E402
-                    markdown_table, median_ms, peak_memory_mib, pyplot, spawn, write_json,
-                    write_markdown)
-from nala_mm.models.attention import NormAwareLinearAttention  # noqa: E402
-from nala_mm.ops import NaLaConfig, apply_rope, nala_attention, rope_phasor, rope_table  # noqa
-from nala_mm.ops.nala_released import nala_attention_released  # noqa: E402
+from common import (RESULTS, device_name, fmt, interleaved_ms, log_log_axes, markdown_table,
+                    median_ms, peak_memory_mib, pyplot, spawn, write_json, write_markdown)
+from nala_mm.models import NormAwareLinearAttention
+from nala_mm.ops import NaLaConfig, apply_rope, nala_attention, rope_phasor, rope_table
+from nala_mm.ops.nala_released import nala_attention_released
 
 IMPLEMENTATIONS = {
     'nala_fast': 'NaLa op, fast (ours)',

@@ -4,27 +4,25 @@ vs mmseg's Swin-T, time and peak memory against the input size, inference and tr
 NaLa layers use the released kernel (``kernel='relu'``), as the fine-tuning configs do. The
 released-style model is the all-linear one whose mixers run
 :func:`nala_mm.ops.nala_released.nala_attention_released` (separate ReLU copies,
-concatenations, four RoPE calls) instead of the fast op, through the registered
-``ReleasedNaLaAttention``. Inference: eval mode, batch 1, ``torch.no_grad``. Training step:
-train mode (BatchNorm statistics, DropPath), forward + backward of the sum of the four outputs,
-batch 2. Measuring, processes and outputs: benchmarks/common.py.
-Results: benchmarks/results/backbone.{json,md,png}.
+concatenations, four RoPE calls) instead of the fast op: its NaLa mixers are swapped, after
+building, for ``ReleasedNaLaAttention`` (registered nowhere). Inference: eval mode, batch 1,
+``torch.no_grad``. Training step: train mode (BatchNorm statistics, DropPath), forward +
+backward of the sum of the four outputs, batch 2. Measuring, processes and outputs:
+benchmarks/common.py. Results: benchmarks/results/backbone.{json,md,png}; discussed in
+docs/speed.md.
 
     python benchmarks/backbone.py                          # fwd 1024 2048, train 512 1024
     python benchmarks/backbone.py --sizes 512 --train-sizes --models nala_t_linear swin_t
 """
 import os.path as osp
-import sys
 from typing import Dict
 
 import torch
 from torch import nn
 
-sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
-from common import Step, sweep_cli  # noqa: E402
-from nala_mm.models import GatedAttention  # noqa: E402
-from nala_mm.ops.nala_released import nala_attention_released  # noqa: E402
-from nala_mm.registry import register_model  # noqa: E402
+from common import Step, sweep_cli
+from nala_mm.models import GatedAttention, NaLaFormer, NormAwareLinearAttention
+from nala_mm.ops.nala_released import nala_attention_released
 
 BACKBONES: Dict[str, dict] = {
     'nala_t_linear': dict(label='NaLaFormer-T (all linear)'),
@@ -34,13 +32,26 @@ BACKBONES: Dict[str, dict] = {
 }
 
 
-@register_model
 class ReleasedNaLaAttention(GatedAttention):
-    """NaLa in the released op sequence (relu kernel), as a registered mixer: the shared wrapper
-    with :func:`nala_mm.ops.nala_released.nala_attention_released` as its mixing."""
+    """NaLa in the released op sequence (relu kernel): the shared wrapper with
+    :func:`nala_mm.ops.nala_released.nala_attention_released` as its mixing."""
 
     def mix(self, q, k, v, rope):
         return nala_attention_released(q, k, v, rope=rope)
+
+
+def with_released_mixers(backbone: nn.Module) -> nn.Module:
+    """``backbone`` with every NaLa mixer replaced, in place, by a ``ReleasedNaLaAttention`` of
+    the same sizes and parameters (the shared wrapper's names)."""
+    nala = [(name, m) for name, m in backbone.named_modules()
+            if isinstance(m, NormAwareLinearAttention)]
+    for name, layer in nala:
+        released = ReleasedNaLaAttention(layer.embed_dims, layer.num_heads,
+                                         use_rope=layer.use_rope, rope_base=layer.rope_base)
+        released.load_state_dict(layer.state_dict())
+        parent, _, attr = name.rpartition('.')
+        setattr(backbone.get_submodule(parent), attr, released)
+    return backbone
 
 
 def build_backbone(name: str) -> nn.Module:
@@ -48,12 +59,11 @@ def build_backbone(name: str) -> nn.Module:
         from mmseg.models.backbones import SwinTransformer
         return SwinTransformer(embed_dims=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24),
                                window_size=7, out_indices=(0, 1, 2, 3))
-    from nala_mm.models import NaLaFormer
+    nala = dict(type='NormAwareLinearAttention', kernel='relu')
     if name == 'nala_t_hybrid':
-        return NaLaFormer(arch='t', kernel='relu')
-    if name == 'nala_t_linear':
-        return NaLaFormer(arch='t', attn_types=('nala',) * 4, kernel='relu')
-    return NaLaFormer(arch='t', attn_types=(dict(type='ReleasedNaLaAttention'),) * 4)
+        return NaLaFormer(arch='t', mixers=(nala, nala, 'softmax', 'softmax'))
+    all_linear = NaLaFormer(arch='t', mixers=(nala,) * 4)
+    return all_linear if name == 'nala_t_linear' else with_released_mixers(all_linear)
 
 
 def backbone_step(name: str, side: int, mode: str, batch: int, device: str) -> Step:

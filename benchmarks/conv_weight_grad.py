@@ -1,26 +1,25 @@
 """The block's conv weight gradients on CPU: oneDNN's own vs the paths of
-:mod:`nala_mm.ops.conv_weight_grad`, at NaLaFormer-T's training shapes (batch 2, 1024^2 and
+:mod:`nala_mm.ops.fused.conv_weight_grad`, at NaLaFormer-T's training shapes (batch 2, 1024^2 and
 512^2 images), channels-last inputs as the block holds them.
 
 Cases: the 3x3/s2 downsamples (dense) and LePE's 5x5 depthwise conv at every stage's map size.
 Each pair is timed in turns in one process (median of the per-round ratios); the chosen path is
 what ``conv_weight_grad`` dispatches to, so a size below its split threshold shows ~1.0.
 Results: benchmarks/results/conv_weight_grad.{json,md,png}.
+Discussed in docs/speed.md.
 
     python benchmarks/conv_weight_grad.py [--repeats 5]
 """
 import argparse
 import os
 import os.path as osp
-import sys
 from statistics import median
 
 import torch
 
-sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
-from common import (RESULTS, device_name, interleaved_ms, markdown_table, pyplot,  # noqa: E402
+from common import (RESULTS, device_name, interleaved_ms, markdown_table, pyplot,
                     write_json, write_markdown)
-from nala_mm.ops.conv_weight_grad import conv_weight_grad  # noqa: E402
+from nala_mm.ops.fused.conv_weight_grad import conv_weight_grad
 
 # (label, in channels, out channels, kernel, stride, map side): NaLaFormer-T, batch 2
 CASES = [(f'downsample {cin}->{cout}', cin, cout, 3, 2, side)

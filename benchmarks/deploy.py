@@ -1,8 +1,9 @@
 """Deployment benchmark: ONNX Runtime vs PyTorch eager for UperNet + NaLaFormer-T on CPU.
 
-For the all-linear and the hybrid segmentor, at each size: the graph ``tools/export_onnx.py``
-writes (input ``(1, 3, H, W)``, output the logits at input resolution; exported static at that
-size) runs in ONNX Runtime (CPUExecutionProvider) beside the same model in PyTorch eager (the
+For the all-linear and the hybrid segmentor: one graph per model with dynamic H and W
+(:func:`nala_mm.deploy.export`, as ``tools/export_onnx.py --dynamic`` writes it: input
+``(1, 3, H, W)``, output the logits at input resolution), exported at the first size and run at
+every size in ONNX Runtime (CPUExecutionProvider) beside the same model in PyTorch eager (the
 fast NaLa path). One process, same weights, same input:
   * parity: relative L2 error of ONNX Runtime's logits against PyTorch's;
   * time: both engines in turns (a round times each once; ``--repeats`` rounds after one warm-up
@@ -10,8 +11,8 @@ fast NaLa path). One process, same weights, same input:
     median of the per-round ratios ONNX Runtime / PyTorch.
   * torch.compile: what its graph capture (dynamo, ``backend='eager'``: no code generation)
     makes of the model: graphs, graph breaks with their reasons, and graphs added when the input
-    size changes. ``--compile`` also times inductor-compiled code (compile minutes on 2 cores).
-Results: benchmarks/results/deploy.{json,md,png}.
+    size changes. ``--compile`` also times inductor-compiled code (slow to compile on CPU).
+Results: benchmarks/results/deploy.{json,md,png}; discussed in docs/deploy.md.
 
     python benchmarks/deploy.py [--sides 512 1024] [--repeats 5 3] [--compile]
 """
@@ -19,7 +20,6 @@ import argparse
 import json
 import os
 import os.path as osp
-import sys
 import tempfile
 import time
 from collections import Counter
@@ -29,16 +29,15 @@ from typing import Dict, List
 import numpy as np
 import torch
 
-sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
-from common import interleaved_ms  # noqa: E402
+from common import interleaved_ms  # benchmarks/common.py: a script's folder is on sys.path
+from nala_mm.analysis import attention_layers, stage_of
+from nala_mm.deploy import DEFAULT_OPSET, build_exportable, export, ort_session, relative_l2
+from nala_mm.models import LinearAttention, NormAwareLinearAttention, SoftmaxAttention
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
-sys.path.insert(0, osp.join(REPO, 'tools'))
-from export_onnx import build_exportable, export, ort_session, relative_l2  # noqa: E402
-
 RESULTS = osp.join(REPO, 'benchmarks', 'results')
 # torch.compile's capture is examined on one model: the hybrid has the same NaLa layers (stages
-# 1-2), and capturing costs minutes here.
+# 1-2), and capturing is slow.
 CAPTURED_MODEL = 'nala_t_linear'
 MODELS: Dict[str, dict] = {
     'nala_t_linear': dict(label='UperNet + NaLaFormer-T (all linear)',
@@ -46,6 +45,17 @@ MODELS: Dict[str, dict] = {
     'nala_t_hybrid': dict(label='UperNet + NaLaFormer-T (hybrid)',
                           config=osp.join(REPO, 'configs', 'ade20k_nala_upernet.py')),
 }
+SHORTHANDS = {NormAwareLinearAttention: 'nala', LinearAttention: 'linear',
+              SoftmaxAttention: 'softmax'}
+
+
+def stage_mixers(backbone: torch.nn.Module) -> List[str]:
+    """Each stage's mixer as its shorthand (``'nala'``, ``'linear'``, ``'softmax'``; else the
+    class name), read from the built modules."""
+    stages: Dict[int, str] = {}
+    for name, layer in attention_layers(backbone).items():
+        stages.setdefault(stage_of(name), SHORTHANDS.get(type(layer), type(layer).__name__))
+    return [stages[i] for i in sorted(stages)]
 
 
 def timing_summary(times: Dict[str, List[float]]) -> dict:
@@ -221,8 +231,6 @@ def main() -> None:
         [args.repeats[0]] * len(args.sides)
     import onnx
     import onnxruntime
-
-    from export_onnx import DEFAULT_OPSET
     result = dict(device=f'CPU, {torch.get_num_threads()} threads', torch=torch.__version__,
                   onnx=onnx.__version__, onnxruntime=onnxruntime.__version__, opset=DEFAULT_OPSET,
                   sides=args.sides, repeats=repeats, load_average_start=os.getloadavg(),
@@ -234,9 +242,10 @@ def main() -> None:
             torch.manual_seed(0)
             module, _ = build_exportable(spec['config'])
             backbone = module.segmentor.backbone
-            kernel = next(m.cfg.kernel for m in backbone.modules() if hasattr(m, 'cfg'))
+            kernel = next(m.cfg.kernel for m in backbone.modules()
+                          if isinstance(m, NormAwareLinearAttention))
             entry = dict(label=spec['label'], config=osp.relpath(spec['config'], REPO),
-                         kernel=kernel, attn_types=list(map(str, backbone.attn_types)), onnx=[])
+                         kernel=kernel, attn_types=stage_mixers(backbone), onnx=[])
             path = osp.join(work, f'{name}.onnx')
             entry['export_s'] = export_dynamic(module, args.sides[0], path)
             session = ort_session(path)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# GPU readiness in one go (< 8 min on one recent GPU): fast-vs-reference parity on CUDA in fp32
-# and under fp16 autocast, the attention / backbone / segmentor benchmarks with --device cuda,
-# and a 50-iteration AMP training run of the demo segmentor. Results: benchmarks/results/*_cuda.*
+# GPU readiness in one go: fast-vs-reference parity on CUDA in fp32 and under fp16 autocast, the
+# attention / backbone / segmentor benchmarks with --device cuda, and a 50-iteration AMP training
+# run of the demo segmentor. Results: benchmarks/results/*_cuda.*
 #
 #     bash benchmarks/gpu_check.sh            # from the repository root, environment set up
 set -euo pipefail
@@ -20,8 +20,8 @@ echo '== parity on CUDA: fast vs reference (fp32), and fp16 autocast vs fp32'
 $PY - <<'PYCODE' | tee "$OUT/parity_cuda.txt"
 import json
 import torch
-from nala_mm.models.attention import LinearAttention, NormAwareLinearAttention, SoftmaxAttention
-from nala_mm.models import NaLaFormer
+from nala_mm.models import (LinearAttention, NaLaFormer, NormAwareLinearAttention,
+                            SoftmaxAttention)
 
 def rel(a, b):
     return float((a.float() - b.float()).norm() / b.float().norm())
@@ -30,7 +30,7 @@ torch.manual_seed(0)
 results = {}
 for kernel in ('relu', 'cosine'):
     fast = NormAwareLinearAttention(64, 2, kernel=kernel).cuda()
-    ref = NormAwareLinearAttention(64, 2, kernel=kernel, implementation='reference').cuda()
+    ref = NormAwareLinearAttention(64, 2, kernel=kernel, mode='reference').cuda()
     ref.load_state_dict(fast.state_dict())
     x = torch.randn(2, 48, 40, 64, device='cuda')
     out_fast, out_ref = fast(x), ref(x)
@@ -50,7 +50,8 @@ for cls in (NormAwareLinearAttention, LinearAttention, SoftmaxAttention):
                                                      finite=bool(torch.isfinite(actual).all()))
     assert results[f'{cls.__name__}_fp16_autocast']['finite'], results
     assert results[f'{cls.__name__}_fp16_autocast']['out'] < 1e-2, results
-model = NaLaFormer(arch='t', attn_types=('nala',) * 4, kernel='relu').cuda().eval()
+nala = dict(type='NormAwareLinearAttention', kernel='relu')
+model = NaLaFormer(arch='t', mixers=(nala,) * 4).cuda().eval()
 with torch.no_grad():
     image = torch.randn(1, 3, 512, 512, device='cuda')
     expected = model(image)

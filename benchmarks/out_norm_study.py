@@ -1,12 +1,12 @@
-"""Why the detection demo sets ``out_norm=False``: Mask R-CNN from scratch with and without the
+"""Why the detection demo sets ``out_norm_cfg=None``: Mask R-CNN from scratch with and without the
 per-output LayerNorms, beside a ResNet-18, on the embedded COCO-format data.
 
 The detection demo's config (configs/demo/coco_demo_nala_mask-rcnn.py), shortened to
 ``--epochs`` (10 by default); only the backbone differs between variants:
 
-* ``nala``: the demo's NaLaFormer as configured (``out_norm=False``);
-* ``nala-out-norm``: the same with a LayerNorm on each returned map (the library default, as
-  Swin-style backbones do);
+* ``nala``: the demo's NaLaFormer as configured (``out_norm_cfg=None``: raw stage features);
+* ``nala-out-norm``: the same with a LayerNorm on each returned map (the library default
+  ``out_norm_cfg=dict(type='LN', eps=1e-6)``, as Swin-style backbones do);
 * ``resnet18``: mmdet's ResNet-18 from scratch, a convolutional reference for the same heads.
 
 Each variant trains in its own process through tools/train.py and is evaluated once at the end
@@ -20,21 +20,21 @@ import argparse
 import json
 import os
 import os.path as osp
-import sys
 import tempfile
 from typing import Dict, List
 
-sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
-from common import train_config  # noqa: E402
+from common import train_config
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 RESULTS = osp.join(REPO, 'benchmarks', 'results')
 DEMO = osp.join(REPO, 'configs', 'demo', 'coco_demo_nala_mask-rcnn.py')
 VARIANTS: Dict[str, dict] = {
     'nala': dict(label='NaLaFormer, out_norm=False (the demo)',
-                 model="dict(backbone=dict(out_norm=False))"),
+                 model="dict(backbone=dict(out_norm_cfg=None))"),
     'nala-out-norm': dict(label='NaLaFormer, out_norm=True (library default)',
-                          model="dict(backbone=dict(out_norm=True))"),
+                          # _delete_: the demo's None cannot take a dict by merging
+                          model="dict(backbone=dict(out_norm_cfg=dict(_delete_=True, "
+                                "type='LN', eps=1e-6)))"),
     'resnet18': dict(
         label='ResNet-18',
         model=("dict(backbone=dict(_delete_=True, type='mmdet.ResNet', depth=18, num_stages=4, "

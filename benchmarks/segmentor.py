@@ -6,18 +6,17 @@ head, the logits at 1/4 scale). Training step: train mode, ``forward(mode='loss'
 150-class label maps (decode and auxiliary heads), the summed loss's backward, batch 2.
 Measuring, processes and outputs: benchmarks/common.py.
 Results: benchmarks/results/segmentor.{json,md,png} (``segmentor_cuda.*`` on GPU).
+Discussed in docs/speed.md.
 
     python benchmarks/segmentor.py                              # fwd 1024 2048, train 512
     python benchmarks/segmentor.py --sizes 512 --train-sizes --device cuda
 """
 import os.path as osp
-import sys
 from typing import Dict
 
 import torch
 
-sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
-from common import Step, sweep_cli  # noqa: E402
+from common import Step, sweep_cli
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 SEGMENTORS: Dict[str, dict] = {

@@ -2,7 +2,7 @@
 
 mmengine 0.10.7 calls ``torch.load`` without ``weights_only``, so on torch >= 2.6 resuming from a
 Runner checkpoint fails on the few non-tensor types the Runner saves. Instead of switching
-weights-only loading off, this module:
+weights-only loading off, :mod:`nala_mm.compat` installs what this module defines:
 
 * allow-lists exactly those types: mmengine's ``HistoryBuffer`` (in the message hub) and the
   numpy array/scalar/dtype reconstructors its logged values use;
@@ -25,7 +25,6 @@ import numpy as np
 import torch
 from mmengine.fileio.backends import LocalBackend
 from mmengine.logging.history_buffer import HistoryBuffer
-from mmengine.runner.checkpoint import CheckpointLoader
 
 # The data a HistoryBuffer needs to be rebuilt; everything else is derived or class-level.
 _HISTORY_FIELDS = ('max_length', '_log_history', '_count_history')
@@ -35,17 +34,17 @@ class CheckpointRefusedError(pickle.UnpicklingError):
     """A checkpoint holds an object outside the weights-only allow-list."""
 
 
-def _history_getstate(self: HistoryBuffer) -> Dict[str, Any]:
+def history_getstate(self: HistoryBuffer) -> Dict[str, Any]:
     return {name: getattr(self, name) for name in _HISTORY_FIELDS}
 
 
-def _history_setstate(self: HistoryBuffer, state: Dict[str, Any]) -> None:
+def history_setstate(self: HistoryBuffer, state: Dict[str, Any]) -> None:
     for name in _HISTORY_FIELDS:
         setattr(self, name, state[name])
     self._set_default_statistics()
 
 
-def _numpy_globals() -> List[Any]:
+def numpy_safe_globals() -> List[Any]:
     dtypes = [np.bool_, np.uint8, np.int8, np.int16, np.int32, np.int64, np.uint16, np.uint32,
               np.uint64, np.float16, np.float32, np.float64]
     multiarray = np._core.multiarray if hasattr(np, '_core') else np.core.multiarray
@@ -78,7 +77,7 @@ def load_from_local(filename: str, map_location=None) -> Any:
                          f'({type(err).__name__}: {err})') from err
 
 
-def _atomic_put(self: LocalBackend, obj: bytes, filepath) -> None:
+def atomic_put(self: LocalBackend, obj: bytes, filepath) -> None:
     """``LocalBackend.put`` that never leaves a partly written file under ``filepath``."""
     filepath = os.fspath(filepath)
     os.makedirs(osp.dirname(filepath) or '.', exist_ok=True)
@@ -92,12 +91,3 @@ def _atomic_put(self: LocalBackend, obj: bytes, filepath) -> None:
     finally:
         if osp.exists(partial):
             os.remove(partial)
-
-
-def install_checkpoint_safety() -> None:
-    """Idempotent; runs on ``import nala_mm``."""
-    HistoryBuffer.__getstate__ = _history_getstate
-    HistoryBuffer.__setstate__ = _history_setstate
-    torch.serialization.add_safe_globals([HistoryBuffer, *_numpy_globals()])
-    CheckpointLoader.register_scheme(prefixes='', loader=load_from_local, force=True)
-    LocalBackend.put = _atomic_put

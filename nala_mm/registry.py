@@ -1,27 +1,40 @@
-"""Register nala_mm modules where every OpenMMLab config can find them.
+"""Where the project's modules are registered.
 
-mmengine's root ``MODELS`` serves any scope; mmseg's and mmdet's own registries are filled too so
-``dict(type='NaLaFormer')`` resolves directly under ``default_scope='mmseg'`` or ``'mmdet'`` and in
-the upstream tools' listings.
+Scope-neutral modules (the backbone, the token mixers) go into mmengine's root ``MODELS``: mmseg's
+and mmdet's registries are its children and find an unscoped ``type`` there under either default
+scope, and in the upstream tools. A subclass of an mmseg or mmdet class belongs to that package's
+own registry (``scope='mmseg'`` / ``'mmdet'``). Registration never uses ``force=True``: a second
+module under a registered name raises and names both.
 """
 import importlib
-from typing import List, Type
+from typing import Optional, Type
 
-from mmengine.registry import MODELS as ENGINE_MODELS
-
-
-def _downstream_model_registries() -> List:
-    registries = []
-    for package in ('mmseg', 'mmdet'):
-        try:
-            registries.append(importlib.import_module(f'{package}.registry').MODELS)
-        except ImportError:  # the package is optional for users of only one task
-            continue
-    return registries
+from mmengine.registry import MODELS as ROOT_MODELS
+from mmengine.registry import Registry
 
 
-def register_model(cls: Type) -> Type:
-    """Class decorator: register ``cls`` under its own name in every available MODELS."""
-    for registry in [ENGINE_MODELS, *_downstream_model_registries()]:
-        registry.register_module(module=cls, force=True)
-    return cls
+def models_registry(scope: Optional[str] = None) -> Registry:
+    """mmengine's root ``MODELS`` (``scope=None``) or the ``MODELS`` of package ``scope``."""
+    if scope is None:
+        return ROOT_MODELS
+    return importlib.import_module(f'{scope}.registry').MODELS
+
+
+def register_model(cls: Optional[Type] = None, *, scope: Optional[str] = None):
+    """Class decorator: register ``cls`` under its own name in :func:`models_registry`.
+
+    ``@register_model`` or ``@register_model(scope='mmseg')``.
+    """
+
+    def register(target: Type) -> Type:
+        registry = models_registry(scope)
+        existing = registry.module_dict.get(target.__name__)
+        if existing is not None:
+            raise KeyError(f'{target.__name__} is already registered in {registry.scope}::'
+                           f'{registry.name} by {existing.__module__}.{existing.__qualname__}; '
+                           f'refusing to replace it with {target.__module__}.'
+                           f'{target.__qualname__}')
+        registry.register_module(module=target)
+        return target
+
+    return register(cls) if cls is not None else register

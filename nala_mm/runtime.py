@@ -6,7 +6,6 @@ from typing import Optional
 import torch
 import torch.distributed as torch_dist
 from mmengine.config import Config
-from mmengine.dist import utils as dist_utils
 from mmengine.logging import print_log
 from mmengine.optim import OptimWrapper
 from mmengine.registry import OPTIM_WRAPPERS
@@ -87,9 +86,10 @@ def load_config(path: str, launcher: str = 'none', cfg_options: Optional[dict] =
     return cfg
 
 
-def _cpu_aware_pytorch_launcher(original):
-    """mmengine's torchrun initialiser calls ``torch.cuda.set_device`` unconditionally, which
-    a CPU-only torch rejects; without CUDA, initialise the (gloo) process group directly."""
+def cpu_aware_pytorch_launcher(original):
+    """Wrap mmengine's torchrun initialiser, which calls ``torch.cuda.set_device``
+    unconditionally (a CPU-only torch rejects it): without CUDA, initialise the (gloo) process
+    group directly. Installed by :mod:`nala_mm.compat`."""
 
     def init_dist_pytorch(backend, init_backend='torch', **kwargs):
         if torch.cuda.is_available() or init_backend != 'torch':
@@ -98,7 +98,3 @@ def _cpu_aware_pytorch_launcher(original):
 
     init_dist_pytorch.nala_cpu_aware = True
     return init_dist_pytorch
-
-
-if not getattr(dist_utils._init_dist_pytorch, 'nala_cpu_aware', False):
-    dist_utils._init_dist_pytorch = _cpu_aware_pytorch_launcher(dist_utils._init_dist_pytorch)

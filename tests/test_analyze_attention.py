@@ -1,9 +1,10 @@
-"""tools/analyze_attention.py: its statistics on constructed inputs, and the tool end to end."""
-import importlib.util
+"""nala_mm.analysis.attention_stats on constructed inputs, and tools/analyze_attention.py end to
+end."""
 import json
 import math
 import os
 import os.path as osp
+import re
 import subprocess
 import sys
 
@@ -12,17 +13,23 @@ import pytest
 import torch
 from PIL import Image
 
-from nala_mm.models.attention import (GatedAttention, LinearAttention, NormAwareLinearAttention,
-                                      SoftmaxAttention)
+from nala_mm.analysis import (attention_layers, average_ranks, build_model_from_config,
+                              capture_inputs, layer_statistics, preprocess, query_entropies,
+                              query_token, row_entropy, spearman, stage_of)
+from nala_mm.analysis.attention_stats import SAMPLED_QUERIES
+from nala_mm.models import (GatedAttention, LinearAttention, NormAwareLinearAttention,
+                            SoftmaxAttention)
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 DEMO = 'configs/demo/ade20k_demo_nala_upernet.py'
 IMAGE_SIZE = (96, 128)  # (H, W); the demo backbone has strides 4, 8, 16, 32
+integration = pytest.mark.integration  # starts processes
 
-_spec = importlib.util.spec_from_file_location(
-    'analyze_attention', osp.join(REPO, 'tools', 'analyze_attention.py'))
-tool = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(tool)
+
+def run_tool(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, 'tools/analyze_attention.py', *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PYTHONPATH=REPO, PYTHONWARNINGS='ignore'))
 
 
 def scaled_queries(layer: GatedAttention, x: torch.Tensor, target: float,
@@ -42,22 +49,22 @@ def scaled_queries(layer: GatedAttention, x: torch.Tensor, target: float,
 def test_spearman_averages_tied_ranks():
     # x ranks 1, 2.5, 2.5, 4 (tie), y ranks 4, 3, 2, 1; centred: (-1.5, 0, 0, 1.5) and
     # (1.5, 0.5, -0.5, -1.5): r = -4.5 / sqrt(4.5 * 5) = -3 / sqrt(10)
-    np.testing.assert_allclose(tool.average_ranks(np.array([1, 2, 2, 3])), [1, 2.5, 2.5, 4])
-    assert tool.spearman([1, 2, 2, 3], [4, 3, 2, 1]) == pytest.approx(-3 / math.sqrt(10),
+    np.testing.assert_allclose(average_ranks(np.array([1, 2, 2, 3])), [1, 2.5, 2.5, 4])
+    assert spearman([1, 2, 2, 3], [4, 3, 2, 1]) == pytest.approx(-3 / math.sqrt(10),
                                                                          abs=1e-12)
-    assert tool.spearman([3, 1, 2], [30, 10, 20]) == pytest.approx(1.0)  # monotone, not linear
-    assert tool.spearman([1, 2, 3], [5, 25, 1000]) == pytest.approx(1.0)
-    assert math.isnan(tool.spearman([1, 1, 1], [1, 2, 3]))
+    assert spearman([3, 1, 2], [30, 10, 20]) == pytest.approx(1.0)  # monotone, not linear
+    assert spearman([1, 2, 3], [5, 25, 1000]) == pytest.approx(1.0)
+    assert math.isnan(spearman([1, 1, 1], [1, 2, 3]))
 
 
 def test_row_entropy_of_known_rows_and_refuses_signed_rows():
     n = 64
     rows = torch.stack([torch.full((n,), 1.0 / n), torch.eye(n)[3],
                         torch.cat([torch.full((2,), 0.5), torch.zeros(n - 2)])])
-    np.testing.assert_allclose(tool.row_entropy(rows).numpy(), [math.log(n), 0.0, math.log(2)],
+    np.testing.assert_allclose(row_entropy(rows).numpy(), [math.log(n), 0.0, math.log(2)],
                                atol=1e-6)
     with pytest.raises(ValueError, match='-0.1'):
-        tool.row_entropy(torch.tensor([[0.6, 0.5, -0.1]]))
+        row_entropy(torch.tensor([[0.6, 0.5, -0.1]]))
 
 
 def test_saturated_share_follows_the_query_norm():
@@ -65,16 +72,16 @@ def test_saturated_share_follows_the_query_norm():
     layer = NormAwareLinearAttention(32, 2).eval()  # lam 3, tau 0.5: saturated for ||q|| > 2.44
     x = torch.randn(1, 8, 10, 32)
     assert scaled_queries(layer, x, 3.2, 'min').min() > 3
-    large = tool.layer_statistics(layer, x)
+    large = layer_statistics(layer, x)
     assert large.saturated_share == 1.0
     assert large.summary('a', 0)['exponent_ceiling'] == pytest.approx(4.5)
     assert scaled_queries(layer, x, 0.45, 'max').max() < 0.5
-    small = tool.layer_statistics(layer, x)
+    small = layer_statistics(layer, x)
     assert small.saturated_share == 0.0
     assert small.qnorm.max() < 0.5 and small.qnorm.size == 2 * 80  # heads x tokens
 
     fixed = NormAwareLinearAttention(32, 2, norm_aware=False).eval()
-    entry = tool.layer_statistics(fixed, x).summary('fixed', 1)
+    entry = layer_statistics(fixed, x).summary('fixed', 1)
     assert entry['norm_aware'] is False and entry['saturated_share'] is None
     assert entry['fixed_exponent'] == 3.0
 
@@ -89,17 +96,17 @@ def test_nala_entropy_falls_with_the_query_norm_linear_attention_ignores_it():
     pooled_norms = norms.expand(heads, tokens).flatten().numpy()
 
     nala = NormAwareLinearAttention(heads * dims, heads).eval()
-    nala_entropy = tool.query_entropies(nala, q, k, None, chunk=100)
+    nala_entropy = query_entropies(nala, q, k, None, chunk=100)
     assert nala_entropy.shape == (1, heads, tokens)
-    assert tool.spearman(nala_entropy.flatten().numpy(), pooled_norms) < -0.5
+    assert spearman(nala_entropy.flatten().numpy(), pooled_norms) < -0.5
 
     linear = LinearAttention(heads * dims, heads).eval()
-    entropy = tool.query_entropies(linear, q, k, None)
-    torch.testing.assert_close(tool.query_entropies(linear, q * 7.0, k, None), entropy,
+    entropy = query_entropies(linear, q, k, None)
+    torch.testing.assert_close(query_entropies(linear, q * 7.0, k, None), entropy,
                                rtol=0, atol=1e-4)
-    torch.testing.assert_close(tool.query_entropies(linear, q * 0.1, k, None), entropy,
+    torch.testing.assert_close(query_entropies(linear, q * 0.1, k, None), entropy,
                                rtol=0, atol=1e-4)
-    assert abs(tool.spearman(entropy.flatten().numpy(), pooled_norms)) < 0.2
+    assert abs(spearman(entropy.flatten().numpy(), pooled_norms)) < 0.2
 
 
 def test_entropy_rows_drop_rope_only_for_kernelised_mixers():
@@ -108,21 +115,21 @@ def test_entropy_rows_drop_rope_only_for_kernelised_mixers():
     for layer, label in ((NormAwareLinearAttention(32, 2), 'without RoPE'),
                          (LinearAttention(32, 2), 'without RoPE'),
                          (SoftmaxAttention(32, 2), 'with RoPE')):
-        stats = tool.layer_statistics(layer.eval(), x)
+        stats = layer_statistics(layer.eval(), x)
         assert stats.entropy_rows == label
         # every row is a distribution over 48 tokens: 0 <= entropy <= log 48
         assert stats.entropy.min() >= 0 and stats.entropy.max() <= math.log(48) + 1e-5
 
 
 def test_query_points_map_to_the_token_grid_and_rows_are_single():
-    assert tool.query_token((0, 0), IMAGE_SIZE, (24, 32)) == (0, 0)
-    assert tool.query_token((64, 48), IMAGE_SIZE, (24, 32)) == (12, 16)
-    assert tool.query_token((127.9, 95.9), IMAGE_SIZE, (3, 4)) == (2, 3)
-    assert tool.query_token((31, 33), IMAGE_SIZE, (3, 4)) == (1, 0)  # floor(33*3/96)=1
+    assert query_token((0, 0), IMAGE_SIZE, (24, 32)) == (0, 0)
+    assert query_token((64, 48), IMAGE_SIZE, (24, 32)) == (12, 16)
+    assert query_token((127.9, 95.9), IMAGE_SIZE, (3, 4)) == (2, 3)
+    assert query_token((31, 33), IMAGE_SIZE, (3, 4)) == (1, 0)  # floor(33*3/96)=1
 
     torch.manual_seed(0)
     layer = SoftmaxAttention(32, 4).eval()
-    stats = tool.layer_statistics(layer, torch.randn(1, 6, 8, 32), [(100, 10), (5, 90)],
+    stats = layer_statistics(layer, torch.randn(1, 6, 8, 32), [(100, 10), (5, 90)],
                                   IMAGE_SIZE)
     assert stats.query_tokens == [(0, 6), (5, 0)]
     for token_map in stats.maps:
@@ -134,31 +141,34 @@ def test_large_layers_sample_a_fixed_set_of_queries():
     torch.manual_seed(0)
     layer = NormAwareLinearAttention(16, 1).eval()
     x = torch.randn(1, 96, 96, 16)  # 9216 tokens > MAX_FULL_TOKENS
-    first = tool.layer_statistics(layer, x, chunk=1024)
+    first = layer_statistics(layer, x, chunk=1024)
     entry = first.summary('big', 0)
-    assert entry['tokens'] == 9216 and entry['entropy_queries'] == tool.SAMPLED_QUERIES
+    assert entry['tokens'] == 9216 and entry['entropy_queries'] == SAMPLED_QUERIES
     assert entry['entropy_queries_sampled'] is True
     assert first.qnorm.size == 9216  # norms of every query, entropies of the sample
-    np.testing.assert_array_equal(tool.layer_statistics(layer, x, chunk=1024).entropy_qnorm,
+    np.testing.assert_array_equal(layer_statistics(layer, x, chunk=1024).entropy_qnorm,
                                   first.entropy_qnorm)
 
 
-def test_missing_inputs_are_named(tmp_path):
+@integration
+def test_tool_names_missing_inputs(tmp_path):
     image = tmp_path / 'image.png'
     Image.new('RGB', (16, 16)).save(image)
     missing = str(tmp_path / 'no_such_checkpoint.pth')
-    with pytest.raises(FileNotFoundError, match='checkpoint .*no_such_checkpoint.pth'):
-        tool.main([osp.join(REPO, DEMO), missing, str(image), '--out-dir', str(tmp_path / 'out')])
-    with pytest.raises(FileNotFoundError, match='image .*no_such_image.png'):
-        tool.main([osp.join(REPO, DEMO), str(image), str(tmp_path / 'no_such_image.png'),
-                   '--out-dir', str(tmp_path / 'out')])
+    proc = run_tool(DEMO, missing, str(image), '--out-dir', str(tmp_path / 'out'))
+    assert proc.returncode != 0
+    assert re.search(r'FileNotFoundError: checkpoint .*no_such_checkpoint.pth', proc.stderr)
+    proc = run_tool(DEMO, str(image), str(tmp_path / 'no_such_image.png'),
+                    '--out-dir', str(tmp_path / 'out'))
+    assert proc.returncode != 0
+    assert re.search(r'FileNotFoundError: image .*no_such_image.png', proc.stderr)
+    assert not (tmp_path / 'out').exists()
 
 
 # ------------------------------------------------------------------------------ end to end
 @pytest.fixture(scope='module')
 def demo_model_checkpoint(tmp_path_factory):
     """The demo segmentor, randomly initialised, and its checkpoint (no training needed)."""
-    from nala_mm.analysis import build_model_from_config
     torch.manual_seed(0)
     model, _ = build_model_from_config(DEMO)
     path = tmp_path_factory.mktemp('ckpt') / 'demo.pth'
@@ -166,6 +176,23 @@ def demo_model_checkpoint(tmp_path_factory):
     return model, str(path)
 
 
+def test_layers_of_the_demo_backbone_and_their_inputs(demo_model_checkpoint):
+    model, _ = demo_model_checkpoint
+    image = np.random.default_rng(0).integers(0, 256, (*IMAGE_SIZE, 3), dtype=np.uint8)
+    inputs = preprocess(model, image)
+    assert tuple(inputs.shape) == (1, 3, *IMAGE_SIZE)
+    layers = attention_layers(model.backbone)
+    assert [stage_of(name) for name in layers] == [0, 1, 2, 2, 3]
+    assert stage_of('attn') is None
+    captured = capture_inputs(model.backbone, layers, inputs)
+    for (name, layer), stride in zip(layers.items(), (4, 8, 16, 16, 32)):
+        assert tuple(captured[name].shape) == (1, IMAGE_SIZE[0] // stride,
+                                               IMAGE_SIZE[1] // stride, layer.embed_dims), name
+    with pytest.raises(ValueError, match='no GatedAttention'):
+        attention_layers(torch.nn.Conv2d(3, 3, 1))
+
+
+@integration
 def test_tool_end_to_end_on_the_demo_model(demo_model_checkpoint, tmp_path):
     model, checkpoint = demo_model_checkpoint
     expected = {name: type(m).__name__ for name, m in model.backbone.named_modules()
@@ -178,11 +205,8 @@ def test_tool_end_to_end_on_the_demo_model(demo_model_checkpoint, tmp_path):
     Image.fromarray(pattern.astype(np.uint8)).save(image)
     out_dir = tmp_path / 'out'
 
-    proc = subprocess.run(
-        [sys.executable, 'tools/analyze_attention.py', DEMO, checkpoint, str(image),
-         '--out-dir', str(out_dir), '--points', '64,48', '10,90'],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
-        env=dict(os.environ, PYTHONPATH=REPO, PYTHONWARNINGS='ignore'))
+    proc = run_tool(DEMO, checkpoint, str(image), '--out-dir', str(out_dir),
+                    '--points', '64,48', '10,90')
     assert proc.returncode == 0, proc.stderr[-3000:]
 
     stats = json.loads((out_dir / 'attention_stats.json').read_text())

@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from nala_mm.models.attention import NormAwareLinearAttention, SoftmaxAttention
+from nala_mm.models import NormAwareLinearAttention, SoftmaxAttention
 from nala_mm.ops import (NaLaConfig, apply_rope, apply_rope_reference, nala_attention,
                          nala_attention_matrix, nala_attention_reference, rope_phasor, rope_table)
 from nala_mm.ops.nala_released import nala_attention_released
@@ -62,7 +62,7 @@ def test_token_chunking_does_not_change_results(kernel, chunk):
 def test_layer_fast_matches_reference_including_parameter_gradients(kernel):
     torch.manual_seed(0)
     fast = NormAwareLinearAttention(16, 2, kernel=kernel)
-    ref = NormAwareLinearAttention(16, 2, kernel=kernel, implementation='reference')
+    ref = NormAwareLinearAttention(16, 2, kernel=kernel, mode='reference')
     ref.load_state_dict(fast.state_dict())
     x = torch.randn(2, 5, 9, 16)  # channels-last tokens
     out_fast, out_ref = fast(x), ref(x)
@@ -215,7 +215,7 @@ def test_softmax_attention_matches_explicit_softmax():
     (dict(embed_dims=32, num_heads=2, kernel='softplus'), "'softplus'"),
     (dict(embed_dims=32, num_heads=2, alpha=0.0), 'alpha=0.0'),
     (dict(embed_dims=32, num_heads=2, lam=-1.0), 'lam=-1.0'),
-    (dict(embed_dims=32, num_heads=2, implementation='cuda'), "'cuda'"),
+    (dict(embed_dims=32, num_heads=2, mode='cuda'), "'cuda'"),
 ])
 def test_bad_arguments_name_the_value(kwargs, match):
     with pytest.raises(ValueError, match=match):

@@ -1,11 +1,11 @@
-"""The block's convolutions with their CPU weight-gradient paths (``nala_mm.ops.conv_weight_grad``)
+"""The block's convolutions with their CPU weight-gradient paths (``nala_mm.ops.fused.conv_weight_grad``)
 against ``F.conv2d`` differentiated by autograd: same outputs and gradients, and the paths are
 actually taken at the shapes they were measured for."""
 import pytest
 import torch
 import torch.nn.functional as F
 
-import nala_mm.ops.conv_weight_grad as cwg
+import nala_mm.ops.fused.conv_weight_grad as cwg
 from nala_mm.models import NaLaFormer
 
 
@@ -70,7 +70,7 @@ def test_lepe_takes_the_split_path_at_stage_one_size(monkeypatch):
 
 def test_backbone_convs_use_the_fast_node_only_when_training():
     model = NaLaFormer(arch=dict(embed_dims=(8, 16, 16, 16), depths=(1, 1, 1, 1),
-                                 num_heads=(1, 1, 1, 1)), attn_types=('nala',) * 4)
+                                 num_heads=(1, 1, 1, 1)), mixers=('nala',) * 4)
     lepe, reduction = model.layers[0].blocks[0].attn.lepe, model.layers[0].downsample.reduction
     x = torch.randn(1, 8, 12, 12).contiguous(memory_format=torch.channels_last)
     assert type(lepe(x).grad_fn).__name__ == '_Conv2dBackward'
@@ -81,5 +81,5 @@ def test_backbone_convs_use_the_fast_node_only_when_training():
 
 
 def test_unknown_mode_is_refused():
-    with pytest.raises(ValueError, match="unknown conv2d mode 'fused'"):
+    with pytest.raises(ValueError, match="unknown mode 'fused'; expected one of \('fast', 'reference'\)"):
         cwg.conv2d(torch.randn(1, 2, 4, 4), torch.randn(2, 2, 3, 3), mode='fused')

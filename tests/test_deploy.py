@@ -1,7 +1,6 @@
-"""Deployment: the export path computes what the fast path does, and tools/export_onnx.py writes
-ONNX graphs that ONNX Runtime runs to within 1e-4 of PyTorch, at sizes other than the export's."""
-import importlib.util
-import inspect
+"""Deployment: the export path computes what the fast path does, and :mod:`nala_mm.deploy` (with
+its command line tools/export_onnx.py) writes ONNX graphs that ONNX Runtime runs to within 1e-4
+of PyTorch, at sizes other than the export's."""
 import os
 import os.path as osp
 import re
@@ -11,9 +10,14 @@ import sys
 import numpy as np
 import pytest
 import torch
+from torch.autograd.function import BackwardCFunction
+from torch.utils._python_dispatch import TorchDispatchMode
 
+from nala_mm.deploy import (DEFAULT_TOLERANCE, ExportableAdaptiveAvgPool2d, ExportableUpsample,
+                            build_exportable, check_sizes, export, make_exportable, ort_session,
+                            relative_l2)
 from nala_mm.models import LinearAttention, NaLaFormer, NormAwareLinearAttention, SoftmaxAttention
-from nala_mm.models import attention as attention_module
+from nala_mm.ops import is_exporting
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 SEG_DEMO = osp.join(REPO, 'configs', 'demo', 'ade20k_demo_nala_upernet.py')
@@ -22,12 +26,12 @@ FPN_T = osp.join(REPO, 'configs', 'ade20k_nala-t_fpn.py')
 TINY = dict(embed_dims=(16, 32, 48, 64), depths=(1, 1, 2, 1), num_heads=(1, 2, 4, 4),
             mlp_ratios=(2, 2, 2, 2))
 HYBRID, ALL_LINEAR = ('nala', 'nala', 'softmax', 'softmax'), ('nala',) * 4
-TOLERANCE = 1e-4  # the tool's acceptance threshold (relative L2)
+TOLERANCE = DEFAULT_TOLERANCE  # the tool's acceptance threshold (relative L2)
+integration = pytest.mark.integration  # starts processes
 
 
 def rel_err(actual, expected) -> float:
-    actual, expected = (torch.as_tensor(t, dtype=torch.float64) for t in (actual, expected))
-    return ((actual - expected).norm() / expected.norm()).item()
+    return relative_l2(np.asarray(actual), np.asarray(expected))
 
 
 def tool_env() -> dict:
@@ -55,34 +59,59 @@ def need_onnx_runtime():
         pytest.importorskip(name, reason=f'{name} missing: pip install -e .[deploy]')
 
 
+class ComplexOps(TorchDispatchMode):
+    """Records the ops that produce a complex tensor (the fast RoPE rotates with complex
+    numbers, which ONNX does not have)."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if any(isinstance(t, torch.Tensor) and t.is_complex()
+               for t in (out if isinstance(out, (tuple, list)) else (out,))):
+            self.seen.add(str(func))
+        return out
+
+
+def custom_autograd_nodes(outputs) -> set:
+    """Names of the ``torch.autograd.Function`` nodes (the fast paths) in the graph of
+    ``outputs``."""
+    found, seen = set(), set()
+    stack = [t.grad_fn for t in outputs if t.grad_fn is not None]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if isinstance(node, BackwardCFunction):
+            found.add(type(node).__name__)
+        stack.extend(next_node for next_node, _ in node.next_functions)
+    return found
+
+
 # ----------------------------------------------------------------------------- the export path
 @pytest.mark.parametrize('kernel', ['cosine', 'relu'])
-@pytest.mark.parametrize('attn_types', [HYBRID, ALL_LINEAR], ids=['hybrid', 'all-linear'])
-def test_backbone_on_the_export_path_matches_the_fast_path(kernel, attn_types, monkeypatch):
+@pytest.mark.parametrize('pattern', [HYBRID, ALL_LINEAR], ids=['hybrid', 'all-linear'])
+def test_backbone_on_the_export_path_matches_the_fast_path(kernel, pattern, monkeypatch):
     torch.manual_seed(0)
-    model = NaLaFormer(arch=TINY, attn_types=attn_types, kernel=kernel).eval()
+    nala = dict(type='NormAwareLinearAttention', kernel=kernel)
+    model = NaLaFormer(arch=TINY, mixers=tuple(nala if m == 'nala' else m for m in pattern))
+    model.eval()
     x = torch.randn(1, 3, 45, 61)  # odd token counts in every stage
-    with torch.no_grad():
-        fast = model(x)
+    fast = model(x)
+    assert custom_autograd_nodes(fast), 'the fast path should use its autograd nodes'
 
-    def not_while_exporting(*args, **kwargs):
-        raise AssertionError('complex RoPE or the RoPE cache was used while exporting')
-
-    kernelized_attention = attention_module.kernelized_attention
-
-    def plain_ops_only(*args, **kwargs):
-        mode = inspect.signature(kernelized_attention).bind(*args, **kwargs).arguments['mode']
-        assert mode == 'reference', f'attention mode {mode!r} while exporting'
-        return kernelized_attention(*args, **kwargs)
-
-    monkeypatch.setattr(attention_module, 'is_exporting', lambda: True)
-    monkeypatch.setattr(attention_module, 'kernelized_attention', plain_ops_only)
-    for name in ('rope_phasor', 'apply_rope', '_cached_rope'):
-        monkeypatch.setattr(attention_module, name, not_while_exporting)
-    with torch.no_grad():
+    # what every op sees while torch.export or the dynamo ONNX exporter traces
+    monkeypatch.setattr(torch.compiler, 'is_exporting', lambda: True)
+    assert is_exporting()
+    with ComplexOps() as complex_ops:
         exported = model(x)
+    assert not complex_ops.seen, f'complex RoPE while exporting: {complex_ops.seen}'
+    assert not custom_autograd_nodes(exported), custom_autograd_nodes(exported)
     for i, (a, e) in enumerate(zip(exported, fast)):
-        assert rel_err(a, e) <= 1e-5, f'stage {i}'
+        assert rel_err(a.detach(), e.detach()) <= 1e-5, f'stage {i}'
 
 
 @pytest.mark.parametrize('layer_cls', [NormAwareLinearAttention, LinearAttention,
@@ -98,6 +127,33 @@ def test_torch_export_takes_the_export_path_with_dynamic_sizes(layer_cls):
     x = torch.randn(1, 7, 11, 16)  # another size: the RoPE table is built in the graph
     with torch.no_grad():
         assert rel_err(program.module()(x), layer(x)) <= 1e-5
+
+
+# ----------------------------------------------------------------------------- size-following twins
+@pytest.mark.parametrize('output_size', [1, 2, 3, 6, (2, None)])
+def test_exportable_adaptive_pool_matches_pytorch_at_every_size(output_size):
+    pool, twin = torch.nn.AdaptiveAvgPool2d(output_size), ExportableAdaptiveAvgPool2d(output_size)
+    for height, width in ((6, 6), (7, 13), (17, 5)):
+        x = torch.randn(2, 3, height, width)
+        torch.testing.assert_close(twin(x), pool(x), rtol=1e-5, atol=1e-6)
+
+
+def test_make_exportable_swaps_in_place_and_keeps_the_outputs():
+    from mmseg.models.utils import Upsample
+    model = torch.nn.Sequential(torch.nn.AdaptiveAvgPool2d(3),
+                                Upsample(scale_factor=2, mode='bilinear', align_corners=False),
+                                Upsample(size=(5, 5), mode='nearest'))  # a fixed size: kept
+    x = torch.randn(1, 2, 9, 12)
+    expected = model(x)
+    assert make_exportable(model) == 2
+    assert isinstance(model[0], ExportableAdaptiveAvgPool2d) and isinstance(model[2], Upsample)
+    torch.testing.assert_close(model(x), expected)
+
+
+def test_check_sizes_adds_one_that_no_stride_divides_for_dynamic_graphs():
+    assert check_sizes(64, 96, dynamic=False) == [(64, 96)]
+    size, second = check_sizes(64, 96, dynamic=True)
+    assert size == (64, 96) and all(v % 2 for v in second), second
 
 
 # ----------------------------------------------------------------------------- the tool
@@ -131,6 +187,7 @@ def exports(tmp_path_factory):
     return dict(work=work, segmentor=segmentor, logs=logs)
 
 
+@integration
 def test_tool_exports_a_dynamic_segmentor_that_onnx_runtime_runs_at_other_sizes(exports):
     import onnx
     import onnxruntime
@@ -155,6 +212,7 @@ def test_tool_exports_a_dynamic_segmentor_that_onnx_runtime_runs_at_other_sizes(
     assert rel_err(logits, expected) <= TOLERANCE
 
 
+@integration
 def test_tool_exports_the_backbone_of_a_detection_config(exports):
     import onnxruntime
     errors = reported_errors(exports['logs']['det'])
@@ -173,23 +231,19 @@ def test_tool_exports_the_backbone_of_a_detection_config(exports):
 
 def test_semantic_fpn_exports_with_dynamic_sizes(tmp_path):
     """FPN's head upsamples by a factor; mmseg computes that size in Python, which a trace would
-    bake in (relative error 5e-2 at the second size without the swap)."""
+    bake in: only the exportable copy follows the runtime size."""
     need_onnx_runtime()
-    spec = importlib.util.spec_from_file_location('export_onnx',
-                                                  osp.join(REPO, 'tools', 'export_onnx.py'))
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
     small = {'model.backbone.arch': dict(TINY, _delete_=True),
              'model.neck.in_channels': list(TINY['embed_dims']), 'model.neck.out_channels': 16,
              'model.decode_head.in_channels': [16] * 4, 'model.decode_head.channels': 16,
              'model.decode_head.num_classes': 3}
     torch.manual_seed(0)
-    module, names = tool.build_exportable(FPN_T, cfg_options=small)
+    module, names = build_exportable(FPN_T, cfg_options=small)
     path = str(tmp_path / 'fpn.onnx')
-    # the legacy exporter: seconds instead of a minute, and it bakes Python sizes in the same way
-    tool.export(module, torch.randn(1, 3, 64, 64), path, names, dynamic=True,
-                exporter='torchscript')
-    session = tool.ort_session(path)
+    # the legacy exporter: quicker to export, and it bakes Python sizes in the same way
+    export(module, torch.randn(1, 3, 64, 64), path, names, dynamic=True, exporter='torchscript')
+    assert not [m for m in module.modules() if isinstance(m, ExportableUpsample)]  # a copy swapped
+    session = ort_session(path)
     for size in ((64, 64), (77, 93)):
         images = torch.randn(1, 3, *size)
         (logits,) = session.run(names, {'input': images.numpy()})
@@ -199,6 +253,7 @@ def test_semantic_fpn_exports_with_dynamic_sizes(tmp_path):
         assert rel_err(logits, expected) <= TOLERANCE, size
 
 
+@integration
 def test_tool_names_a_missing_checkpoint(tmp_path):
     missing = tmp_path / 'nowhere' / 'iter_160000.pth'
     proc = run_export_tool(SEG_DEMO, '--checkpoint', str(missing), '--shape', '64', '64',
@@ -208,6 +263,7 @@ def test_tool_names_a_missing_checkpoint(tmp_path):
     assert not (tmp_path / 'x.onnx').exists()
 
 
+@integration
 def test_tool_says_what_to_install_without_onnx_runtime(tmp_path):
     shadow = tmp_path / 'shadow' / 'onnxruntime'
     shadow.mkdir(parents=True)

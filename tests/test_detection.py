@@ -21,7 +21,7 @@ DET_CONFIGS = sorted(glob.glob(osp.join(REPO, 'configs', '**', 'coco_*.py'), rec
 @pytest.mark.parametrize('path', DET_CONFIGS, ids=lambda p: osp.relpath(p, REPO))
 def test_every_detection_config_builds_its_model(path):
     cfg = Config.fromfile(path)
-    assert cfg.custom_imports['imports'] == ['nala_mm']
+    assert cfg.custom_imports['imports'] == ['nala_mm', 'nala_mm.compat']
     init_default_scope(cfg.default_scope)
     from mmdet.registry import MODELS
     model = MODELS.build(cfg.model)
@@ -38,7 +38,8 @@ def test_detection_recipes():
     scales = three.train_dataloader.dataset.pipeline[2].scales
     assert min(s[1] for s in scales) == 480 and max(s[1] for s in scales) == 800
     linear = Config.fromfile(osp.join(REPO, 'configs', 'coco_nala-t-linear_mask-rcnn_1x.py'))
-    assert tuple(linear.model.backbone.attn_types) == ('nala',) * 4
+    assert [(m['type'], m['kernel']) for m in linear.model.backbone.mixers] == [
+        ('NormAwareLinearAttention', 'relu')] * 4
 
 
 TINY_DET = """

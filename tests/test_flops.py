@@ -9,8 +9,9 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from nala_mm.analysis import KERNELIZED_OP, build_flop_analyzer
-from nala_mm.models.attention import NormAwareLinearAttention, SoftmaxAttention
+from nala_mm.analysis import (KERNELIZED_OP, build_flop_analyzer, count_flops,
+                              kernelized_attention_flop_counts, resolve_config_path)
+from nala_mm.models import NormAwareLinearAttention, SoftmaxAttention
 from nala_mm.ops import NaLaConfig, nala_attention_reference, rope_table
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
@@ -103,7 +104,7 @@ def test_nala_layer_total_matches_analytic_count(use_rope):
     executed = executed_elementwise(1, HEADS, SIDE, SIDE, d, use_rope=use_rope)
     ratio = ops['attn_elementwise'] / executed
     assert ELEMENTWISE_BAND[0] <= ratio <= ELEMENTWISE_BAND[1], (ratio, executed)
-    # the spec's leading term dominates the NaLa core: 4 N d^2 per head
+    # the leading term of docs/method.md ('Cost') dominates the NaLa core: 4 N d^2 per head
     assert 4 * n * d * d * HEADS / (matmul + ops['attn_elementwise']) > 0.8
 
 
@@ -124,17 +125,16 @@ SHAPES = [(64, 2, 14, 14, 1), (64, 2, 14, 28, 1), (128, 2, 14, 14, 1), (128, 4, 
           (64, 2, 14, 14, 2), (32, 1, 7, 9, 1)]
 
 
-def nala_ops(channels, heads, height, width, batch, implementation='fast', use_rope=True):
-    layer = NormAwareLinearAttention(channels, heads, use_rope=use_rope,
-                                     implementation=implementation)
+def nala_ops(channels, heads, height, width, batch, mode='fast', use_rope=True):
+    layer = NormAwareLinearAttention(channels, heads, use_rope=use_rope, mode=mode)
     inputs = layer_input(height, width, batch, channels)
-    return analyze(layer, handles=implementation == 'fast', inputs=inputs).by_operator()
+    return analyze(layer, handles=mode == 'fast', inputs=inputs).by_operator()
 
 
 @pytest.mark.parametrize('shape', SHAPES, ids=lambda s: 'C{}-h{}-{}x{}-B{}'.format(*s))
 def test_handle_matmuls_equal_stock_count_of_the_reference(shape):
     """Stock mmengine counts the plain reference's matmuls itself; the handle must agree."""
-    fast, reference = nala_ops(*shape), nala_ops(*shape, implementation='reference')
+    fast, reference = nala_ops(*shape), nala_ops(*shape, mode='reference')
     assert fast['attn_matmul'] == reference['matmul'] > 0
     for op in ('linear', 'conv', 'layer_norm'):
         assert fast[op] == reference[op], op
@@ -154,7 +154,7 @@ def test_matmul_count_scales_as_four_n_d_squared_per_head():
     assert nala_ops(64, 2, 14, 14, 2)['attn_matmul'] == 2 * base  # twice the batch
     assert nala_ops(128, 4, 14, 14, 1)['attn_matmul'] == 2 * base  # twice the heads, same d
     # twice the head dim: a d^2 + b d -> 4 a d^2 + 2 b d, so the d^2 coefficient is
-    # (m(2d) - 2 m(d)) / (2 d^2); per head it must be the spec's 4 N
+    # (m(2d) - 2 m(d)) / (2 d^2); per head it must be 4 N (docs/method.md, 'Cost')
     wide = nala_ops(128, 2, 14, 14, 1)['attn_matmul']
     d, heads, n = 32, 2, 14 * 14
     assert (wide - 2 * base) / (2 * d * d) == 4 * n * heads
@@ -182,6 +182,27 @@ def test_sdpa_handle_matches_analytic_count():
     assert abs(analyzer.total() - expected) / expected < 0.05
 
 
+def test_count_flops_splits_the_token_mixing_out():
+    layer = NormAwareLinearAttention(CHANNELS, HEADS).eval()
+    flops = count_flops(layer, (layer_input(),), max_depth=1)
+    by_op = flops.by_operator
+    expected = kernelized_attention_flop_counts(TOKENS, HEAD_DIM, HEADS, layer.query_map,
+                                                layer.key_map)
+    assert by_op['attn_matmul'] == expected['attn_matmul']
+    assert by_op['attn_elementwise'] == expected['attn_elementwise']
+    assert flops.attention == by_op['attn_matmul'] + by_op['attn_elementwise']
+    assert flops.total == projections_flops() + flops.attention
+    assert KERNELIZED_OP not in flops.uncounted and '| module' in flops.table
+
+
+def test_resolve_config_path_finds_packaged_configs():
+    path = resolve_config_path('mmseg::swin/swin-tiny-patch4-window7-in1k-pre_upernet_8xb2-160k_'
+                               'ade20k-512x512.py')
+    assert osp.isfile(path), path
+    assert resolve_config_path('configs/x.py') == 'configs/x.py'
+
+
+@pytest.mark.integration  # starts a process
 def test_get_flops_tool_on_a_segmentor():
     proc = subprocess.run(
         [sys.executable, osp.join('tools', 'get_flops.py'), 'configs/ade20k_nala_upernet.py',

@@ -115,7 +115,7 @@ def test_config_with_custom_imports_builds_nalaformer(tmp_path, scope):
     cfg_file.write_text(
         "custom_imports = dict(imports=['nala_mm'], allow_failed_imports=False)\n"
         f"default_scope = '{scope}'\n"
-        "model = dict(type='NaLaFormer', arch='xt', attn_types=('nala',) * 4, kernel='relu')\n")
+        "model = dict(type='NaLaFormer', arch='xt', mixers=(dict(type='NormAwareLinearAttention', kernel='relu'),) * 4)\n")
     cfg = Config.fromfile(str(cfg_file))
     with DefaultScope.overwrite_default_scope(cfg.default_scope):
         model = MODELS.build(cfg.model)

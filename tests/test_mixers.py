@@ -43,7 +43,7 @@ CASES = [(NormAwareLinearAttention, s) for s in NALA_SETTINGS] + \
 def test_every_switch_keeps_fast_and_reference_equal(cls, settings):
     """Forward and q/k/v gradients, odd N, a zero query, ragged token chunks."""
     fast = cls(16, 2, **settings)
-    reference = cls(16, 2, implementation='reference', **settings)
+    reference = cls(16, 2, mode='reference', **settings)
     q, k, v, rope = mixer_inputs(fast)
     with torch.no_grad():
         q[0, 1, 4].zero_()
@@ -107,10 +107,10 @@ def test_attention_weights_are_what_mixes_the_values(layer):
 def test_mixed_backbone_builds_in_both_scopes_with_the_same_parameters():
     from mmengine.registry import MODELS, DefaultScope
     mixed_types = ('linear', 'nala', 'softmax', 'linear')
-    all_nala = NaLaFormer(arch='t', attn_types=('nala',) * 4)
+    all_nala = NaLaFormer(arch='t', mixers=('nala',) * 4)
     for scope in ('mmseg', 'mmdet'):
         with DefaultScope.overwrite_default_scope(scope):
-            mixed = MODELS.build(dict(type='NaLaFormer', arch='t', attn_types=mixed_types))
+            mixed = MODELS.build(dict(type='NaLaFormer', arch='t', mixers=mixed_types))
         assert [type(s.blocks[0].attn) for s in mixed.layers] == [
             LinearAttention, NormAwareLinearAttention, SoftmaxAttention, LinearAttention]
         assert sum(p.numel() for p in mixed.parameters()) == \
@@ -125,13 +125,13 @@ def test_mixed_backbone_builds_in_both_scopes_with_the_same_parameters():
 
 
 def test_mixer_config_dicts_reach_the_layers():
-    model = NaLaFormer(arch=TINY, kernel='relu', attn_types=(
-        'nala',
+    model = NaLaFormer(arch=TINY, mixers=(
+        dict(type='NormAwareLinearAttention', kernel='relu'),
         dict(type='NormAwareLinearAttention', kernel='positive', norm_aware=False, use_rope=False),
         dict(type='LinearAttention', feature_map='elu'),
         dict(type='SoftmaxAttention')))
     first, second, third = (model.layers[i].blocks[0].attn for i in range(3))
-    assert first.cfg.kernel == 'relu' and first.cfg.norm_aware  # shorthand: backbone settings
+    assert first.cfg.kernel == 'relu' and first.cfg.norm_aware
     assert (second.cfg.kernel, second.cfg.norm_aware, second.use_rope) == ('positive', False,
                                                                           False)
     assert third.feature_map == 'elu'
@@ -150,7 +150,7 @@ def test_a_user_registered_mixer_is_named_in_a_config():
     from mmengine.config import Config
     from mmengine.registry import MODELS, DefaultScope
     cfg = Config(dict(model=dict(type='NaLaFormer', arch=TINY,
-                                 attn_types=['nala', dict(type='MeanPoolMixer'), 'softmax',
+                                 mixers=['nala', dict(type='MeanPoolMixer'), 'softmax',
                                              'softmax'])))
     with DefaultScope.overwrite_default_scope('mmseg'):
         model = MODELS.build(cfg.model)
@@ -178,4 +178,4 @@ class NotAMixer(torch.nn.Module):
 ])
 def test_bad_mixer_entries_name_the_value(entry, error, match):
     with pytest.raises(error, match=match):
-        NaLaFormer(arch=TINY, attn_types=('nala', entry, 'softmax', 'softmax'))
+        NaLaFormer(arch=TINY, mixers=('nala', entry, 'softmax', 'softmax'))

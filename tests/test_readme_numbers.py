@@ -1,127 +1,515 @@
-"""The README's measured tables match the committed result files they quote.
+"""Every measured number in README.md and docs/*.md matches the committed results file it quotes.
 
-Numbers in the README are copied from runs (demos, ablation, studies); these checks fail when a
-result file is re-measured and the README is not updated, or when a README number is edited by
-hand. Each table row is found by its first cell and compared cell by cell.
+The README and the docs copy numbers from runs (``benchmarks/results/*.json`` and ``*.md``). These
+checks fail when a results file is re-measured and a page is not updated, when a number is edited
+by hand, when a page quotes a results file that is not committed (a failure, never a skip), and
+when a page states a measurement that nothing here checks.
+
+How a page is checked:
+
+* ``QUOTES`` holds one builder per results file. It renders, from the file, the phrases and table
+  rows the pages quote (``Quote``); each must appear verbatim in its page (whitespace and ``**``
+  normalised; a table row is found by its first cell), and the page must name the file.
+* Every other measurement-like number on a page (a decimal such as ``0.63``, ``1.9e-06``, or a
+  number with a unit: ``×``, ``%``, ``ms``, ``MiB``, ``GiB``, ``s``, ``min``) must lie inside a
+  checked quote, or be listed in ``NOT_MEASURED`` with the reason it needs no results file
+  (numbers quoted from the paper, with their citation on the page; versions).
+* Not measurements, hence not swept: code (fenced or indented blocks, inline code: settings and
+  commands), link targets, package versions (``1.2.2``), sizes (``3×3``), a bound after ``<``,
+  ``>``, ``≤`` or ``≥`` (test thresholds), and a bare power of ten such as ``1e-4`` (tolerances,
+  settings).
 """
 import json
+import os
 import os.path as osp
-from typing import Dict, List
+import re
+from dataclasses import dataclass
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 import pytest
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
-RESULTS = osp.join(REPO, 'benchmarks', 'results')
+RESULTS = 'benchmarks/results'
+PAGES = ('README.md', 'docs/method.md', 'docs/fidelity.md', 'docs/mixers.md', 'docs/speed.md',
+         'docs/deploy.md', 'docs/robustness.md', 'docs/demos.md')
+
+PAPER = 'NaLaFormer paper, arXiv:2506.21137 (cited on the page)'
+# Numbers a page may state without a results file, and why.
+NOT_MEASURED: Dict[str, Dict[str, str]] = {
+    'README.md': {'2506.21137': 'the paper\'s arXiv id', '2.2': 'an mmcv version',
+                  '3.3': 'an mmdet version'},
+    'docs/method.md': {
+        '2506.21137': 'the paper\'s arXiv id',
+        **{top1: f'ImageNet-1K top-1, {PAPER}' for top1 in ('79.1', '82.6', '84.3', '85.2',
+                                                              '85.7')}},
+    'docs/fidelity.md': {'2506.21137': 'the paper\'s arXiv id',
+                         '0.6': 'a test bound', '0.8': 'a test bound'},
+}
 
 
-def readme_rows() -> Dict[str, List[List[str]]]:
-    """First cell -> the cells of every markdown table row that starts with it."""
-    rows: Dict[str, List[List[str]]] = {}
-    with open(osp.join(REPO, 'README.md')) as f:
-        for line in f:
-            if line.startswith('|') and not line.startswith('|---'):
-                cells = [c.strip().strip('*') for c in line.strip().strip('|').split('|')]
-                rows.setdefault(cells[0], []).append(cells)
-    return rows
+@dataclass(frozen=True)
+class Quote:
+    """``text`` must appear in a page; with ``row``, inside the table row whose first cell it is."""
+    text: str
+    row: Optional[str] = None
 
 
-def result(name: str) -> dict:
-    path = osp.join(RESULTS, name)
-    if not osp.exists(path):
-        pytest.skip(f'{name} not committed')
-    with open(path) as f:
+def row(*cells: str) -> Quote:
+    """A whole table row, found by its first cell."""
+    return Quote('| ' + ' | '.join(cells) + ' |', row=cells[0])
+
+
+def cells(first: str, *rest: str) -> Quote:
+    """Consecutive cells of the row whose first cell is ``first``."""
+    return Quote('| ' + ' | '.join(rest) + ' |', row=first)
+
+
+Quotes = Dict[str, List[Quote]]  # page -> what it must contain
+
+
+# ------------------------------------------------------------------------------ results files
+def results_path(name: str) -> str:
+    return osp.join(REPO, RESULTS, name)
+
+
+def load(name: str) -> dict:
+    """A committed results file; missing is a failure: the docs quote it."""
+    if not osp.exists(results_path(name)):
+        pytest.fail(f'{RESULTS}/{name} is quoted by the README or docs but is not committed')
+    with open(results_path(name)) as f:
         return json.load(f)
 
 
-def assert_row(rows, first_cell: str, expected: List[str]) -> None:
-    candidates = rows.get(first_cell, [])
-    assert any(cells[1:1 + len(expected)] == expected for cells in candidates), (
-        f'README row {first_cell!r}: expected cells {expected}, found {candidates}')
+def markdown_rows(name: str) -> List[List[str]]:
+    """Data rows (cells) of every table in a committed results ``.md`` file."""
+    if not osp.exists(results_path(name)):
+        pytest.fail(f'{RESULTS}/{name} is quoted by the README or docs but is not committed')
+    with open(results_path(name)) as f:
+        lines = [line.strip() for line in f]
+    rows = []
+    for i, line in enumerate(lines):
+        is_header = i + 1 < len(lines) and lines[i + 1].startswith('|---')
+        if line.startswith('|') and not line.startswith('|---') and not is_header:
+            rows.append([c.strip() for c in line.strip('|').split('|')])
+    return rows
 
 
-def test_segmentation_demo_table_matches_demo_seg_json():
-    summary, rows = result('demo_seg.json'), readme_rows()
-    for name, cls in summary['per_class'].items():
-        assert_row(rows, name, [f"{cls['IoU']:.2f}", f"{cls['Acc']:.2f}"])
-    miou = rows['mIoU'][0][1]
-    assert miou.startswith(f"{summary['metrics']['mIoU']:.2f}"), miou
+def verbatim(name: str, keep: Callable[[List[str]], bool] = lambda r: True) -> List[Quote]:
+    """The rows of a results ``.md`` table, quoted as they are."""
+    return [row(*r) for r in markdown_rows(name) if keep(r)]
 
 
-def test_detection_demo_table_matches_demo_det_json():
-    summary, rows = result('demo_det.json'), readme_rows()
-    for name, bbox in summary['per_class']['bbox'].items():
-        segm = summary['per_class']['segm'][name]
-        assert_row(rows, name, [f"{bbox['mAP']:.3f}", f"{bbox['mAP_50']:.3f}",
-                                f"{segm['mAP']:.3f}", f"{segm['mAP_50']:.3f}"])
-    with open(osp.join(REPO, 'README.md')) as f:
-        text = ' '.join(f.read().split())
-    metrics = summary['metrics']
-    assert f"bbox mAP {metrics['coco/bbox_mAP']:.3f}" in text
-    assert f"segm mAP {metrics['coco/segm_mAP']:.3f}" in text
+def f2(x: float) -> str:
+    return f'{x:.2f}'
 
 
-def test_ablation_table_matches_ablation_json():
-    saved, rows = result('ablation.json'), readme_rows()
-    for variant, row in saved['summary'].items():
-        assert row['runs'] >= 3, f'{variant}: {row["runs"]} runs, the comparison needs >= 3 seeds'
-        per_seed = ', '.join(f'{d:+.2f}' for d in row['paired_deltas'])
-        assert_row(rows, row['label'], [
-            str(row['runs']), f"{row['mIoU_mean']:.2f} ± {row['mIoU_std']:.2f}",
-            f"{row['paired_delta_mean']:+.2f} ± {row['paired_delta_std']:.2f} ({per_seed})",
-            f"{row['sec_per_iter_best']:.2f}"])
+# ------------------------------------------------------------------------------ quote builders
+def demo_seg() -> Quotes:
+    summary = load('demo_seg.json')
+    miou, aacc = summary['metrics']['mIoU'], summary['metrics']['aAcc']
+    baseline = summary['majority_class_baseline_mIoU']
+    classes = [row(name, f2(c['IoU']), f2(c['Acc'])) for name, c in summary['per_class'].items()]
+    return {
+        'docs/demos.md': classes + [
+            cells('mIoU', f'{miou:.2f} (majority-class baseline {baseline:.2f})'),
+            Quote(f"{summary['iterations']:,} iterations of batch 8, "
+                  f"{summary['train_seconds'] / 60:.1f} min of training"),
+            Quote(f'mIoU {miou:.2f} (aAcc {aacc:.2f}) against a majority-class baseline of '
+                  f'{baseline:.2f}')],
+        'docs/mixers.md': [Quote(f'the full demo reaches mIoU {miou:.2f}')],
+        'README.md': [Quote(f"{summary['iterations']:,} iterations | mIoU {miou:.2f} "
+                            f'(majority-class baseline {baseline:.2f}) |')],
+    }
+
+
+def demo_det() -> Quotes:
+    summary = load('demo_det.json')
+    m, per_class = summary['metrics'], summary['per_class']
+    iters, seconds = summary['iterations'], summary['train_seconds']
+    classes = [row(name, *(f'{v:.3f}' for v in (bbox['mAP'], bbox['mAP_50'],
+                                                 per_class['segm'][name]['mAP'],
+                                                 per_class['segm'][name]['mAP_50'])))
+               for name, bbox in per_class['bbox'].items()]
+    star = f"segm {per_class['segm']['star']['mAP']:.3f} against bbox " \
+           f"{per_class['bbox']['star']['mAP']:.3f}"
+    worst = min(per_class['segm'], key=lambda name: per_class['segm'][name]['mAP'])
+    assert worst == 'star', 'the page says stars lose most in masks'
+    return {
+        'docs/demos.md': classes + [
+            Quote(f'{iters} iterations'),
+            Quote(f'{seconds / 60:.1f} min of training ({seconds / iters:.1f} s per iteration)'),
+            Quote(f"bbox mAP {m['coco/bbox_mAP']:.3f} (AP50 {m['coco/bbox_mAP_50']:.3f}, AP75 "
+                  f"{m['coco/bbox_mAP_75']:.3f}) and segm mAP {m['coco/segm_mAP']:.3f} (AP50 "
+                  f"{m['coco/segm_mAP_50']:.3f}, AP75 {m['coco/segm_mAP_75']:.3f})"),
+            Quote(f'Stars lose most in masks ({star})')],
+        'README.md': [Quote(f"bbox mAP {m['coco/bbox_mAP']:.3f}, segm mAP "
+                            f"{m['coco/segm_mAP']:.3f} |")],
+    }
+
+
+def out_norm_study() -> Quotes:
+    saved = load('out_norm_study.json')
+    return {'docs/demos.md': [
+        row(run['label'], *(f'{run[k]:.3f}' for k in ('bbox_mAP', 'bbox_mAP_50', 'segm_mAP',
+                                                       'segm_mAP_50')), f"{run['final_acc']:.1f}")
+        for run in saved['runs']]}
+
+
+def ablation() -> Quotes:
+    saved = load('ablation.json')
+    summary = saved['summary']
+    for variant, s in summary.items():
+        assert s['runs'] >= 3, f"{variant}: {s['runs']} runs, the comparison needs >= 3 seeds"
+    # what docs/mixers.md concludes: every paired difference is within one std of zero but
+    # softmax's, which is just outside and negative at every seed
+    outside = {v: abs(s['paired_delta_mean']) / s['paired_delta_std'] for v, s in summary.items()
+               if abs(s['paired_delta_mean']) > s['paired_delta_std']}
+    assert set(outside) == {'softmax'} and outside['softmax'] < 1.05, outside
     # every run of the sweep is in the file, with its seed
-    assert len(saved['runs']) == sum(row['runs'] for row in saved['summary'].values())
+    assert len(saved['runs']) == sum(s['runs'] for s in summary.values())
     assert all('seed' in run and 'mIoU' in run for run in saved['runs'])
+    assert all(d < 0 for d in summary['softmax']['paired_deltas']), \
+        'docs/mixers.md: softmax is below the cosine NaLa at every seed'
+    table = []
+    for s in summary.values():
+        per_seed = ', '.join(f'{d:+.2f}' for d in s['paired_deltas'])
+        table.append(row(s['label'], str(s['runs']), f"{s['mIoU_mean']:.2f} ± {s['mIoU_std']:.2f}",
+                         f"{s['paired_delta_mean']:+.2f} ± {s['paired_delta_std']:.2f} "
+                         f'({per_seed})', f2(s['sec_per_iter_best'])))
+    stds = [s['mIoU_std'] for s in summary.values()]
+    speeds = [s['sec_per_iter_best'] for s in summary.values()]
+    minutes = sum(run['wall_seconds'] for run in saved['runs']) / 60
+    return {'docs/mixers.md': table + [
+        Quote(f'std {min(stds):.2f} to {max(stds):.2f} mIoU'),
+        Quote(f'({min(speeds):.2f} to {max(speeds):.2f} s at each'),
+        Quote(f'took {minutes:.0f} min')]}
 
 
-def test_flops_table_matches_get_flops_output():
-    path = osp.join(RESULTS, 'flops_variants.md')  # python tools/get_flops.py --variants
-    if not osp.exists(path):
-        pytest.skip('flops_variants.md not committed')
-    rows = readme_rows()
-    with open(path) as f:
-        measured = [line.strip().strip('|').split('|') for line in f
-                    if line.startswith('| ') and not line.startswith('| variant')]
-    assert len(measured) == 5
-    for cells in measured:
-        variant, params, _, _, backbone, *_, classifier, _, paper = (c.strip() for c in cells)
-        readme = rows[variant][0]
-        assert readme[1] == f'{params} M', (variant, readme)
-        # the README rounds the tool's three decimals to two (5.095 -> 5.10)
-        for quoted, value in ((readme[2], backbone), (readme[3], classifier)):
-            assert abs(float(quoted) - float(value)) <= 0.005 + 1e-9, (variant, quoted, value)
+def flops_variants() -> Quotes:
+    rows = markdown_rows('flops_variants.md')
+    with open(results_path('flops_variants.md')) as f:
+        header = next(line for line in f if line.startswith('| variant'))
+    names = [c.strip() for c in header.strip().strip('|').split('|')]
+    variants = [dict(zip(names, r)) for r in rows]
+    assert [v['variant'] for v in variants] == ['XT', 'T', 'S', 'B', 'L']
+    fidelity, method = [], []
+    for v in variants:
+        params, with_tail, paper = (v['backbone params w/o out norms (M)'],
+                                    v['classifier-equivalent G'], v['paper G'])
+        versus = f'{(float(with_tail) / float(paper) - 1) * 100:+.1f} %'
+        fidelity.append(row(v['variant'], params, v['+ tail params (M)'], v['paper params (M)'],
+                            v['backbone G'], with_tail, paper, versus))
+        method.append(cells(v['variant'], params))
+    t = variants[1]
+    readme = Quote(f"vs the paper's {t['paper G']} | {t['classifier-equivalent G']} |")
+    return {'docs/fidelity.md': fidelity, 'docs/method.md': method, 'README.md': [readme]}
 
 
-def test_out_norm_table_matches_out_norm_study_json():
-    saved, rows = result('out_norm_study.json'), readme_rows()
-    for run in saved['runs']:
-        assert_row(rows, run['label'], [f"{run[k]:.3f}" for k in
-                                        ('bbox_mAP', 'bbox_mAP_50', 'segm_mAP', 'segm_mAP_50')]
-                   + [f"{run['final_acc']:.1f}"])
+def attention() -> Quotes:
+    saved = load('attention.json')
+    rows = {(r['impl'], r['tokens']): r for r in saved['rows']}
+    paired = {(p['what'], p['tokens'], p['mode']): p['speedup_median'] for p in saved['paired']}
+    n = 16384
+
+    def memory(what: str) -> float:  # ours / released, forward + backward peak
+        return rows[(f'{what}_fast' if what == 'layer' else 'nala_fast', n)]['fwd_bwd_mib'] / \
+            rows[(f'{what}_released' if what == 'layer' else 'nala_released', n)]['fwd_bwd_mib']
+
+    fast, explicit = rows[('nala_fast', n)], rows[('softmax_explicit', n)]
+    sdpa = rows[('softmax_sdpa', n)]
+    saving = (1 - fast['fwd_bwd_mib'] / explicit['fwd_bwd_mib']) * 100
+    layer = f"{paired[('layer', n, 'fwd_bwd')]:.2f}× faster"
+    return {
+        'docs/speed.md': verbatim('attention.md') + [
+            Quote(f"relative L2 of {saved['layers_relative_l2']:.1e} before timing"),
+            Quote(f'the whole layer is {layer} than the released sequence in turns and needs '
+                  f"{memory('layer'):.2f} of its peak memory; the op alone is "
+                  f"{paired[('op', n, 'fwd_bwd')]:.2f}× faster with {memory('op'):.2f} of the "
+                  f'memory'),
+            Quote(f"needs {saving:.2f}% less memory ({fast['fwd_bwd_mib']:.1f} MiB vs "
+                  f"{explicit['fwd_bwd_mib'] / 1024:.2f} GiB) and "
+                  f"1/{explicit['fwd_bwd_ms'] / fast['fwd_bwd_ms']:.0f} of the time"),
+            Quote(f"close in memory ({sdpa['fwd_bwd_mib']:.1f} MiB) but "
+                  f"{sdpa['fwd_bwd_ms'] / fast['fwd_bwd_ms']:.0f}× slower")],
+        'README.md': [Quote(f"{layer}, {memory('layer'):.2f} of the peak memory |"),
+                      Quote(f'{n:,} tokens | {saving:.2f}% less peak memory |')],
+    }
 
 
-def sweep_rows(name: str, model: str, reference: str, prefix: str) -> List[tuple]:
-    """(first cell, expected cells) of the README's comparison table for a sweep result file:
-    time ratio, speed-up, memory ratio, 'peak vs reference peak'."""
-    summary = result(name)
-    by_key = {(r['model'], r['mode'], r['side']): r for r in summary['rows']}
-    expected = []
-    for (who, mode, side), row in by_key.items():
-        if who != model or row.get('ms_ratio') is None:
+def sweep(name: str, prefix: str) -> Tuple[List[Quote], Dict[Tuple[str, int], dict], dict]:
+    """Rows of a NaLa-vs-Swin comparison table (time ratio, speed-up, memory ratio, peaks),
+    the all-linear NaLaFormer-T rows by (mode, side), and the file."""
+    saved = load(name)
+    by_key = {(r['model'], r['mode'], r['side']): r for r in saved['rows']}
+    quotes, ours = [], {}
+    for (model, mode, side), r in by_key.items():
+        if model != 'nala_t_linear' or r.get('ms_ratio') is None:
             continue
-        base = by_key[(reference, mode, side)]
+        ours[(mode, side)] = r
+        swin = by_key[('swin_t', mode, side)]
         first = f'{prefix}forward {side}²' if mode == 'fwd' else \
-            f"{prefix}training step {side}², batch {row['batch']}"
-        expected.append((first, [f"{row['ms_ratio']:.2f}", f"{1 / row['ms_ratio']:.2f}×",
-                                 f"{row['mib_ratio']:.2f}",
-                                 f"{row['mib']:.0f} vs {base['mib']:.0f} MiB"]))
-    return expected
+            f"{prefix}training step {side}², batch {r['batch']}"
+        quotes.append(row(first, f2(r['ms_ratio']), f"{1 / r['ms_ratio']:.2f}×",
+                          f2(r['mib_ratio']), f"{r['mib']:.0f} vs {swin['mib']:.0f} MiB"))
+    assert quotes, f'{name} has no timed all-linear NaLaFormer-T row'
+    return quotes, ours, saved
 
 
-@pytest.mark.parametrize('name, prefix', [('backbone.json', ''), ('segmentor.json', 'UperNet ')])
-def test_speed_tables_match_sweep_json(name, prefix):
-    rows = readme_rows()
-    expected = sweep_rows(name, 'nala_t_linear', 'swin_t', prefix)
-    assert expected, f'{name} has no timed all-linear NaLaFormer-T row'
-    for first, cells in expected:
-        assert_row(rows, first, cells)
+def headline(r: dict) -> str:
+    return f"{f2(r['ms_ratio'])} of the time, {f2(r['mib_ratio'])} of the peak memory |"
+
+
+def backbone() -> Quotes:
+    quotes, ours, saved = sweep('backbone.json', '')
+    exponents = verbatim('backbone.md', lambda r: len(r) == 4)
+    return {'docs/speed.md': quotes + exponents + [
+                Quote(f"{saved['repeats']} rounds after a warm-up round")],
+            'README.md': [
+                Quote(f"forward 2048² | {headline(ours[('fwd', 2048)])}"),
+                Quote(f"training step 1024², batch 2 | {headline(ours[('train', 1024)])}")]}
+
+
+def segmentor() -> Quotes:
+    quotes, ours, saved = sweep('segmentor.json', 'UperNet ')
+    swin = next(r for r in saved['rows']
+                if r['model'] == 'swin_t' and r['mode'] == 'fwd' and r['side'] == 2048)
+    exponents = verbatim('segmentor.md', lambda r: len(r) == 4)
+    return {'docs/speed.md': quotes + exponents + [
+                Quote(f"{saved['repeats']} rounds after a warm-up round"),
+                Quote(f"Inference at 2048² takes {ours[('fwd', 2048)]['ms'] / 1000:.0f} s against "
+                      f"Swin-T's {swin['ms'] / 1000:.0f} s")],
+            'README.md': [Quote(f'inference 2048² | {headline(ours[("fwd", 2048)])}')]}
+
+
+def conv_weight_grad() -> Quotes:
+    load('conv_weight_grad.json')
+    return {'docs/speed.md': verbatim('conv_weight_grad.md')}
+
+
+def deploy() -> Quotes:
+    saved = load('deploy.json')
+    runs = [run for model in saved['models'].values() for run in model['onnx']]
+    ratios = [run['ratio_ort_over_eager'] for run in runs]
+    exports = [Quote(f"{model['label']} {model['export_s']:.0f} s")
+               for model in saved['models'].values()]
+    linear_512 = saved['models']['nala_t_linear']['onnx'][0]
+    assert linear_512['side'] == 512
+    return {
+        'docs/deploy.md': verbatim('deploy.md') + exports + [
+            Quote(f"within a relative L2 error of {max(r['rel_l2'] for r in runs):.1e} at both "
+                  f'sizes, and takes {min(ratios):.2f} to {max(ratios):.2f} of PyTorch eager')],
+        'README.md': [Quote(f"relative L2 error {linear_512['rel_l2']:.1e}, "
+                            f"{linear_512['ratio_ort_over_eager']:.2f} of the time |")],
+    }
+
+
+def amp() -> Quotes:
+    saved = load('amp.json')
+    fp32, amp_row = (next(r for r in saved['rows'] if r['precision'] == p) for p in ('fp32', 'amp'))
+    speedup = fp32['median_ms'] / amp_row['median_ms']
+    memory = amp_row['peak_mib'] / fp32['peak_mib']
+    return {'docs/robustness.md': verbatim('amp.md') + [
+                Quote(f'{speedup:.2f}× faster and takes its peak memory to {memory:.2f} of fp32')],
+            'README.md': [Quote(f'{speedup:.2f}× faster, {memory:.2f} of the peak memory |')]}
+
+
+# results file -> the builder of what the pages quote from it
+QUOTES: Dict[str, Callable[[], Quotes]] = {
+    'demo_seg.json': demo_seg, 'demo_det.json': demo_det, 'out_norm_study.json': out_norm_study,
+    'ablation.json': ablation, 'flops_variants.md': flops_variants, 'attention.json': attention,
+    'backbone.json': backbone, 'segmentor.json': segmentor,
+    'conv_weight_grad.json': conv_weight_grad, 'deploy.json': deploy, 'amp.json': amp,
+}
+
+
+def quotes_of(page: str) -> Dict[str, List[Quote]]:
+    """Results file -> what ``page`` must quote from it (every builder runs: files must exist)."""
+    return {name: build().get(page, []) for name, build in QUOTES.items()}
+
+
+# ------------------------------------------------------------------------------ pages
+@dataclass
+class Page:
+    text: str  # one line per source line, code lines emptied, whitespace and ** normalised
+    scan: str  # the same length, inline code and link targets blanked: where numbers are swept
+
+    @property
+    def flat(self) -> str:
+        return self.text.replace('\n', ' ')
+
+
+INLINE_CODE = re.compile(r'`[^`]*`')
+LINK_TARGET = re.compile(r'\]\([^)]*\)')
+
+
+def _blank(match: re.Match) -> str:
+    return ' ' * len(match.group(0))
+
+
+def source(page: str) -> str:
+    path = osp.join(REPO, page)
+    assert osp.exists(path), f'{page} is missing'
+    with open(path, encoding='utf-8') as f:
+        return f.read()
+
+
+def read_page(page: str) -> Page:
+    """The page as :class:`Page`: code emptied, whitespace normalised."""
+    path = osp.join(REPO, page)
+    assert osp.exists(path), f'{page} is missing'
+    text, scan, fenced = [], [], False
+    with open(path, encoding='utf-8') as f:
+        for raw in f:
+            line = raw.rstrip('\n')
+            if line.lstrip().startswith('```'):
+                fenced = not fenced
+                line = ''
+            elif fenced or line.startswith('    '):
+                line = ''  # code: commands, settings, formulas
+            line = ' '.join(line.replace('**', '').split())
+            text.append(line)
+            scan.append(LINK_TARGET.sub(_blank, INLINE_CODE.sub(_blank, line)))
+    return Page('\n'.join(text), '\n'.join(scan))
+
+
+def find(page: Page, quote: Quote) -> List[Tuple[int, int]]:
+    """Spans of ``quote`` in the page (inside its row when it names one)."""
+    spans = []
+    for match in re.finditer(re.escape(quote.text), page.flat):
+        start, end = match.span()
+        line_start = page.text.rfind('\n', 0, start) + 1
+        line_end = page.text.find('\n', line_start)
+        line = page.text[line_start:line_end if line_end >= 0 else len(page.text)]
+        if quote.row is not None and (end > line_start + len(line)
+                                      or not line.startswith(f'| {quote.row} |')):
+            continue
+        spans.append((start, end))
+    return spans
+
+
+VERSION = re.compile(r'(?<![\w.])\d+\.\d+\.\d+(?![\w.])')
+NUMBER = re.compile(r'(?<![\w.])(\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?)'
+                    r'(\s?(?:×(?!\d)|%|ms\b|MiB\b|GiB\b|min\b|s\b))?')  # 3×3 is a size
+BOUND = re.compile(r'[<>≤≥]\s?$')
+POWER_OF_TEN = re.compile(r'1e[-+]?\d+$')
+
+
+def measurements(page: Page) -> Iterator[Tuple[str, int, int]]:
+    """Measurement-like numbers of a page: (token, start, end) in ``page.scan``."""
+    versions = {m.start() for m in VERSION.finditer(page.scan)}
+    for match in NUMBER.finditer(page.scan):
+        number, unit = match.group(1), match.group(2)
+        if match.start() in versions:
+            continue  # a package version
+        if not ('.' in number or 'e' in number or unit):
+            continue  # a count or a setting written out (2,000 iterations, 160 images)
+        if POWER_OF_TEN.match(number) or BOUND.search(page.scan[max(0, match.start() - 2):
+                                                                match.start()]):
+            continue
+        yield number, match.start(), match.end()
+
+
+# ------------------------------------------------------------------------------ tests
+@pytest.mark.parametrize('page', PAGES)
+def test_page_quotes_match_their_results_files(page):
+    content = read_page(page)
+    problems = []
+    for name, quotes in quotes_of(page).items():
+        if quotes and f'{RESULTS}/{name}' not in source(page):
+            problems.append(f'quotes {RESULTS}/{name} without naming it')
+        problems += [f'{name}: expected {q.text!r}' + (f' in the row {q.row!r}' if q.row else '')
+                     for q in quotes if not find(content, q)]
+    assert not problems, f'{page}:\n  ' + '\n  '.join(problems)
+
+
+@pytest.mark.parametrize('page', PAGES)
+def test_every_results_file_a_page_names_is_committed(page):
+    named = set(re.findall(r'benchmarks/results/([\w.-]+\.(?:json|md|png))', source(page)))
+    missing = sorted(name for name in named if not osp.exists(results_path(name)))
+    assert not missing, f'{page} names results files that are not committed: {missing}'
+
+
+@pytest.mark.parametrize('page', PAGES)
+def test_every_measurement_on_a_page_is_checked(page):
+    content = read_page(page)
+    covered = [span for quotes in quotes_of(page).values() for q in quotes
+               for span in find(content, q)]
+    allowed = NOT_MEASURED.get(page, {})
+    unchecked = []
+    for token, start, end in measurements(content):
+        if token in allowed or any(s <= start and end <= e for s, e in covered):
+            continue
+        line = content.scan.count('\n', 0, start) + 1
+        context = content.flat[max(0, start - 40):end + 20]
+        unchecked.append(f'line {line}: {token!r} in ...{context}...')
+    assert not unchecked, (
+        f'{page} states numbers that no results file backs (quote them through QUOTES, or list '
+        f'them in NOT_MEASURED with the reason):\n  ' + '\n  '.join(unchecked))
+
+
+def test_readme_is_short():
+    """The README is for users (at most 250 lines); the detail goes to docs/."""
+    assert len(source('README.md').splitlines()) <= 250
+
+
+def test_quotes_name_only_known_pages():
+    for name, build in QUOTES.items():
+        assert set(build()) <= set(PAGES), name
+
+
+def headings(path: str) -> List[str]:
+    """The headings of a markdown file (outside fenced code)."""
+    found, fenced = [], False
+    with open(path, encoding='utf-8') as f:
+        for line in f:
+            if line.lstrip().startswith('```'):
+                fenced = not fenced
+            elif not fenced and line.startswith('#'):
+                found.append(line.lstrip('#').strip())
+    return found
+
+
+def heading_anchors(path: str) -> set:
+    """GitHub's anchors of a markdown file's headings."""
+    return {re.sub(r'[^\w\- ]', '', h.lower()).replace(' ', '-') for h in headings(path)}
+
+
+@pytest.mark.parametrize('page', PAGES)
+def test_relative_links_resolve(page):
+    """Links between the README, the docs and the results files point at files and headings
+    that exist (the code's docstrings cite docs/method.md's headings too)."""
+    targets = re.findall(r'\]\(([^)\s]+)\)', source(page))
+    broken = []
+    for target in targets:
+        if re.match(r'[a-z]+://', target):
+            continue
+        path, _, anchor = target.partition('#')
+        resolved = osp.normpath(osp.join(REPO, osp.dirname(page), path)) if path else \
+            osp.join(REPO, page)
+        if not osp.exists(resolved) or (anchor and anchor not in heading_anchors(resolved)):
+            broken.append(target)
+    assert not broken, f'{page}: broken links {broken}'
+
+
+QUOTED = r'"[^"]+"|\'[^\']+\''  # a double-quoted name may hold an apostrophe
+CITATION = re.compile(rf'docs/(\w+)\.md\s*[,(]\s*(?:see\s+)?((?:(?:{QUOTED})\s*,?\s*)+)')
+
+
+def test_sections_the_code_cites_exist():
+    """Docstrings and comments point at docs sections by heading (``docs/method.md, "Cubed
+    keys"``): each cited heading exists, so renaming one breaks this test, not the pointer."""
+    missing = []
+    for folder in ('nala_mm', 'tools', 'benchmarks', 'configs'):
+        for root, _, files in os.walk(osp.join(REPO, folder)):
+            for name in files:
+                if not name.endswith(('.py', '.sh')):
+                    continue
+                with open(osp.join(root, name), encoding='utf-8') as f:
+                    code = ' '.join(re.sub(r'\n\s*#\s*', ' ', f.read()).split())
+                for page, names in CITATION.findall(code):
+                    path = osp.join(REPO, 'docs', f'{page}.md')
+                    titles = {h.lower() for h in headings(path)} if osp.exists(path) else set()
+                    missing += [f'{osp.relpath(osp.join(root, name), REPO)}: docs/{page}.md '
+                                f'"{cited[1:-1]}"' for cited in re.findall(QUOTED, names)
+                                if cited[1:-1].lower() not in titles]
+    assert not missing, 'cited docs sections that do not exist:\n  ' + '\n  '.join(missing)

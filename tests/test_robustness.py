@@ -21,7 +21,7 @@ from PIL import Image
 
 from nala_mm.datasets.synthetic_ade import generate_ade_like
 from nala_mm.hooks import select_rng_state
-from nala_mm.models.attention import NormAwareLinearAttention
+from nala_mm.models import NormAwareLinearAttention
 from nala_mm.ops import NaLaConfig, nala_attention, nala_attention_reference, rope_table
 from nala_mm.runtime import load_config
 from tests.test_segmentation import REPO, TINY_CFG

@@ -25,7 +25,7 @@ SEG_CONFIGS = sorted(glob.glob(osp.join(REPO, 'configs', '**', 'ade20k_*.py'), r
 @pytest.mark.parametrize('path', SEG_CONFIGS, ids=lambda p: osp.relpath(p, REPO))
 def test_every_segmentation_config_builds_its_model(path):
     cfg = Config.fromfile(path)
-    assert cfg.custom_imports['imports'] == ['nala_mm']
+    assert cfg.custom_imports['imports'] == ['nala_mm', 'nala_mm.compat']
     init_default_scope(cfg.default_scope)
     from mmseg.registry import MODELS
     model = MODELS.build(cfg.model)

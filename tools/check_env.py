@@ -42,7 +42,7 @@ def main() -> None:
     import mmdet
     import mmengine
     import mmseg
-    import nala_mm  # noqa: F401  (registers the modules, installs the checkpoint allow-list)
+    import nala_mm.compat  # noqa: F401  (registers the modules, installs the host changes)
     print(f'[check_env] ok: torch {torch.__version__}, mmcv {mmcv.__version__} (ops: nms, '
           f'RoIAlign), mmengine {mmengine.__version__}, mmseg {mmseg.__version__}, '
           f'mmdet {mmdet.__version__}')

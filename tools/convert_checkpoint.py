@@ -2,18 +2,22 @@
 
     python tools/convert_checkpoint.py SRC DST [--arch t] [--ema]
 
-The result is ``{'state_dict': <backbone tensors>, 'meta': {...}}``: the classification tail is
-dropped, the ``layers.{i}.RoPE.angle`` frequency buffers are kept so that every later load checks
-them again. It is verified by loading it into a NaLaFormer of ``--arch`` with the released
-kernel (every backbone tensor must be present and fit, and the RoPE frequencies must match).
+The result is ``{'state_dict': <backbone tensors>, 'meta': {...}}``, filtered by
+:func:`nala_mm.models.checkpoint_filter` against a NaLaFormer of ``--arch`` built as the authors
+trained it (every backbone tensor must be present and fit, the RoPE frequencies must match). The
+classification tail is dropped; the ``layers.{i}.RoPE.angle`` frequency buffers are kept, so that
+every later load checks them again.
 """
 import argparse
 
 import torch
 from mmengine.runner.checkpoint import CheckpointLoader
 
-from nala_mm.models import NaLaFormer, load_authors_checkpoint
-from nala_mm.models.checkpoint_filter import TAIL_PREFIXES, backbone_weights
+from nala_mm import compat
+from nala_mm.models import PRETRAINED, NaLaFormer, checkpoint_filter
+
+# weights-only loading of the authors' files with messages that name the file: nala_mm/compat.py
+compat.install()
 
 
 def main() -> None:
@@ -21,17 +25,22 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('src', help="the authors' checkpoint ({'model': ..., 'model_ema': ...})")
     parser.add_argument('dst', help='output path')
-    parser.add_argument('--arch', default='t', help='variant to verify against: xt, t, s, b, l')
+    parser.add_argument('--arch', default='t', choices=sorted(PRETRAINED),
+                        help='variant the checkpoint belongs to')
     parser.add_argument('--ema', action='store_true', help="use the 'model_ema' weights")
     args = parser.parse_args()
+    authors = PRETRAINED[args.arch]
+    model = NaLaFormer(arch=args.arch, mixers=authors.trained_mixers())
     checkpoint = CheckpointLoader.load_checkpoint(args.src, map_location='cpu')
-    state = {k: v for k, v in backbone_weights(checkpoint, use_ema=args.ema).items()
-             if not k.startswith(TAIL_PREFIXES)}
-    torch.save({'state_dict': state, 'meta': dict(source=args.src, arch=args.arch, ema=args.ema,
-                                                  trained_kernel='relu')}, args.dst)
-    stats = load_authors_checkpoint(NaLaFormer(arch=args.arch, kernel='relu'), args.dst)
-    print(f"wrote {args.dst}: {stats['loaded']} backbone tensors "
-          f'({sum(v.numel() for v in state.values()) / 1e6:.2f}M values)')
+    state = checkpoint_filter(checkpoint, model, use_ema=args.ema, keep_rope=True,
+                              source=f'checkpoint {args.src}')
+    torch.save({'state_dict': state,
+                'meta': dict(source=args.src, arch=args.arch, ema=args.ema,
+                             trained_kernel=authors.trained_kernel)}, args.dst)
+    rope = [key for key in state if key.endswith('.RoPE.angle')]
+    values = sum(v.numel() for k, v in state.items() if k not in rope)
+    print(f'wrote {args.dst}: {len(state) - len(rope)} backbone tensors ({values / 1e6:.2f}M '
+          f'values) and {len(rope)} RoPE frequency buffers')
 
 
 if __name__ == '__main__':

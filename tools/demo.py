@@ -18,7 +18,12 @@ from typing import Dict, List
 from mmengine.config import DictAction
 from mmengine.runner import Runner
 
+from nala_mm import compat
 from nala_mm.runtime import load_config
+
+# the host changes this tool relies on (weights-only resume, atomic checkpoints, CPU torchrun,
+# data checks): see nala_mm/compat.py
+compat.install()
 
 TASKS = {
     'seg': dict(config='configs/demo/ade20k_demo_nala_upernet.py', work_dir='work_dirs/demo_seg'),

@@ -4,11 +4,13 @@
     python tools/get_flops.py configs/coco_nala_mask-rcnn_1x.py --shape 800 1216 --backbone-only
     python tools/get_flops.py --variants            # backbone GFLOPs of XT..L at 224 vs the paper
 
-One multiply-add counts as one flop (mmengine / fvcore); see :mod:`nala_mm.analysis` for what the
-kernelised-attention (NaLa, plain linear) and SDPA handles count. The input is a random tensor of exactly ``--shape`` (batch 1; no
-data preprocessor, so no padding). A segmentor is traced in ``mode='tensor'`` (backbone, neck and
-decode head; the auxiliary head, unused at inference, is dropped as in mmseg's get_flops); a
-detector in ``mode='tensor'`` too (backbone, neck, RPN proposals, heads, no post-processing).
+One multiply-add counts as one flop (mmengine / fvcore); see :mod:`nala_mm.analysis.flops` for
+what the kernelised-attention (NaLa, plain linear) and SDPA handles count. The input is a random
+tensor of exactly ``--shape`` (batch 1; no data preprocessor, so no padding). A segmentor is
+traced in ``mode='tensor'`` (backbone, neck and decode head; the auxiliary head, unused at
+inference, is dropped as in mmseg's get_flops); a detector in ``mode='tensor'`` too (backbone,
+neck, RPN proposals, heads, no post-processing). ``--variants`` writes the table of
+benchmarks/results/flops_variants.md (docs/method.md, 'Block and backbone').
 """
 import argparse
 from functools import partial
@@ -22,7 +24,8 @@ from torch import nn
 from nala_mm.analysis import build_model_from_config, count_flops
 from nala_mm.models import ARCH_SETTINGS, NaLaFormer
 
-# The paper's ImageNet numbers at 224 x 224 (spec §2): params (M) and GFLOPs.
+# The paper's ImageNet numbers at 224 x 224 (NaLaFormer, arXiv 2506.21137, its table of
+# ImageNet-1K models): params (M) and GFLOPs.
 PAPER = {'xt': (8, 1.0), 't': (15, 2.7), 's': (26, 5.1), 'b': (52, 12.0), 'l': (95, 18.0)}
 
 
@@ -68,9 +71,9 @@ def report(config: str, height: int, width: int, backbone_only: bool, cfg_option
 
 
 class ClassificationTail(nn.Module):
-    """The authors' ImageNet tail (spec §2), counted only to compare with the paper: proj,
-    BN, Swish, average pool, 1x1 head. The per-token Linear is written as a 1x1 conv (same
-    multiply-adds)."""
+    """The authors' ImageNet tail (docs/method.md, 'Block and backbone'), counted only to compare
+    with the paper: proj, BN, Swish, average pool, 1x1 head. The per-token Linear is written as a
+    1x1 conv (same multiply-adds)."""
 
     def __init__(self, channels: int, hidden: int = 1024, classes: int = 1000):
         super().__init__()

@@ -8,7 +8,12 @@ Segmentation configs go through mmseg's ``MMSegInferencer``, detection configs t
 import argparse
 import os.path as osp
 
+from nala_mm import compat
 from nala_mm.runtime import load_config
+
+# the host changes this tool relies on (weights-only resume, atomic checkpoints, CPU torchrun,
+# data checks): see nala_mm/compat.py
+compat.install()
 
 
 def main() -> None:

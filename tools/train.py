@@ -10,7 +10,12 @@ from mmengine.config import Config, DictAction
 from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
+from nala_mm import compat
 from nala_mm.runtime import enable_amp, load_config
+
+# the host changes this tool relies on (weights-only resume, atomic checkpoints, CPU torchrun,
+# data checks): see nala_mm/compat.py
+compat.install()
 
 
 def parse_args() -> argparse.Namespace:

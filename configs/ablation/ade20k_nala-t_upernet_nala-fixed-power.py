@@ -6,4 +6,4 @@
 # 3-4, which favours those. For a from-scratch comparison add
 #   --cfg-options model.backbone.init_cfg=None
 _base_ = ['../ade20k_nala_upernet.py']
-model = dict(backbone=dict(attn_types=[dict(type='NormAwareLinearAttention', kernel='relu', norm_aware=False)] * 4))
+model = dict(backbone=dict(mixers=[dict(type='NormAwareLinearAttention', kernel='relu', norm_aware=False)] * 4))

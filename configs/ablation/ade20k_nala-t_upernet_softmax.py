@@ -5,4 +5,4 @@
 # 3-4, which favours those. For a from-scratch comparison add
 #   --cfg-options model.backbone.init_cfg=None
 _base_ = ['../ade20k_nala_upernet.py']
-model = dict(backbone=dict(attn_types=[dict(type='SoftmaxAttention')] * 4))
+model = dict(backbone=dict(mixers=[dict(type='SoftmaxAttention')] * 4))

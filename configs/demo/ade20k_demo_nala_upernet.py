@@ -16,8 +16,9 @@ model = dict(
         arch=dict(_delete_=True, embed_dims=(32, 64, 128, 192), depths=(1, 1, 2, 1), num_heads=(1, 2, 4, 6),
                   mlp_ratios=(3, 3, 3, 3)),
         drop_path_rate=0.05,
-        # trained from scratch here (no ImageNet weights), with the paper's cosine-inhibit kernel
-        kernel='cosine', init_cfg=None),
+        # trained from scratch here (no ImageNet weights), so NaLa with the paper's
+        # cosine-inhibit kernel (the 'nala' shorthand) in the released hybrid
+        mixers=('nala', 'nala', 'softmax', 'softmax'), init_cfg=None),
     decode_head=dict(in_channels=[32, 64, 128, 192], channels=64, num_classes=num_classes),
     auxiliary_head=dict(in_channels=128, channels=32, num_classes=num_classes))
 

@@ -2,10 +2,9 @@
 # (nala_mm.datasets.synthetic_coco), sized for a 2-core CPU: data root and classes, image scale,
 # schedule and widths change; trained from scratch (no ImageNet weights, the paper's cosine
 # kernel), so nothing is frozen.
-# out_norm=False: with an earlier version, the per-output LayerNorms stalled the RoI heads at the
-# class prior when training from scratch; the current version learns either way (10 epochs: bbox
-# mAP 0.113 without, 0.137 with, benchmarks/results/out_norm_study.json). Kept as the setting the
-# committed demo run measured - see the README's detection demo section.
+# out_norm_cfg=None: the backbone returns its raw stage features, without the per-output
+# LayerNorms; the demo learns either way (benchmarks/results/out_norm_study.json). Kept as the
+# setting the committed demo run measured.
 _base_ = ['../coco_nala_mask-rcnn_1x.py']
 
 data_root = 'data/demo/coco/'
@@ -17,8 +16,8 @@ model = dict(
     backbone=dict(
         arch=dict(_delete_=True, embed_dims=(32, 64, 128, 192), depths=(1, 1, 2, 1),
                   num_heads=(1, 2, 4, 6), mlp_ratios=(3, 3, 3, 3)),
-        out_norm=False, drop_path_rate=0.05, frozen_stages=-1, norm_eval=False,
-        kernel='cosine', init_cfg=None),
+        out_norm_cfg=None, drop_path_rate=0.05, frozen_stages=-1, norm_eval=False,
+        mixers=('nala', 'nala', 'softmax', 'softmax'), init_cfg=None),
     neck=dict(in_channels=[32, 64, 128, 192], out_channels=64),
     rpn_head=dict(in_channels=64, feat_channels=64),
     roi_head=dict(

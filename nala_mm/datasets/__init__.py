@@ -1,4 +1,2 @@
-"""Synthetic data in the exact ADE20K and COCO layouts, and clear errors for missing data."""
-from .checks import install_dataset_checks
-
-install_dataset_checks()
+"""Synthetic data in the exact ADE20K and COCO layouts, and the data checks that
+:mod:`nala_mm.compat` installs on the upstream dataset classes."""

@@ -1,4 +1,5 @@
-"""Clear errors for missing or malformed data, installed on the upstream dataset classes.
+"""Clear errors for missing or malformed data, installed by :mod:`nala_mm.compat` on the upstream
+dataset classes.
 
 A wrong ``data_root`` otherwise surfaces as a bare listing error deep inside mmengine, and a
 broken COCO file as a ``KeyError: 'images'``. The checks wrap ``load_data_list`` of mmseg's
@@ -220,7 +221,8 @@ def _diagnose_coco(dataset) -> Optional[str]:
 
 
 def install_dataset_checks() -> None:
-    """Idempotent; runs on ``import nala_mm`` for whichever of mmseg/mmdet is installed."""
+    """Idempotent; installed by :mod:`nala_mm.compat` for whichever of mmseg/mmdet is
+    installed."""
     try:
         from mmseg.datasets import BaseSegDataset
         _wrap(BaseSegDataset, _check_seg_folders)

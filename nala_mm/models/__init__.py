@@ -1,7 +1,7 @@
 """Backbone and token mixers."""
-from .attention import GatedAttention, LinearAttention, NormAwareLinearAttention, SoftmaxAttention
-from .checkpoint_filter import filter_authors_checkpoint, load_authors_checkpoint
+from .mixers import GatedAttention, LinearAttention, NormAwareLinearAttention, SoftmaxAttention
+from .pretrained import PRETRAINED, checkpoint_filter, load_pretrained
 from .nalaformer import ARCH_SETTINGS, NaLaFormer
 
 __all__ = ['GatedAttention', 'NormAwareLinearAttention', 'LinearAttention', 'SoftmaxAttention',
-           'NaLaFormer', 'ARCH_SETTINGS', 'filter_authors_checkpoint', 'load_authors_checkpoint']
+           'NaLaFormer', 'ARCH_SETTINGS', 'PRETRAINED', 'checkpoint_filter', 'load_pretrained']

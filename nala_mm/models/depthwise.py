@@ -2,7 +2,7 @@
 import torch
 from torch import Tensor, nn
 
-from ..ops.conv_weight_grad import conv2d
+from ..ops import conv2d
 
 
 def conv_tokens(conv: nn.Module, tokens: Tensor) -> Tensor:
@@ -13,7 +13,7 @@ def conv_tokens(conv: nn.Module, tokens: Tensor) -> Tensor:
 
 class TokenConv2d(nn.Conv2d):
     """``nn.Conv2d`` (same parameters and names) whose training backward takes the faster CPU
-    weight-gradient paths of :mod:`nala_mm.ops.conv_weight_grad` for channels-last inputs."""
+    weight-gradient paths of :mod:`nala_mm.ops.fused.conv_weight_grad` for channels-last inputs."""
 
     def forward(self, x: Tensor) -> Tensor:
         return conv2d(x, self.weight, self.bias, self.stride, self.padding, self.groups)

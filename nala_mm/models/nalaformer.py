@@ -1,28 +1,32 @@
-"""NaLaFormer backbone for dense prediction (spec §2), registered for mmseg and mmdet.
+"""NaLaFormer backbone for dense prediction, registered for mmseg and mmdet.
 
-Module names follow the authors' classification code (spec §3) so their checkpoints load after
-:func:`nala_mm.models.checkpoint_filter.filter_authors_checkpoint` drops the classification tail.
+The architecture is the authors' (docs/method.md, "Block and backbone"): a conv stem, four stages of
+blocks (LePE-style conv, token mixer, conv, conv-FFN) with conv downsamples between them. Module
+and parameter names follow the authors' classification code, so their checkpoints load once
+:func:`nala_mm.models.pretrained.checkpoint_filter` has dropped the classification tail.
 """
-import os.path as osp
+import warnings
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
-import torch.nn.functional as F
 import torch.utils.checkpoint as cp
 from mmcv.cnn import build_norm_layer
 from mmengine.model import BaseModule
-from mmengine.registry import MODELS
 from mmengine.model.weight_init import trunc_normal_
+from mmengine.registry import MODELS
 from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
+from torch.nn.modules.instancenorm import _InstanceNorm
 
-from ..ops import gelu_conv, is_exporting, rope_angle_buffer
+from ..ops import gelu_conv, resolve_mode
 from ..registry import register_model
-from .attention import GatedAttention, NormAwareLinearAttention
-from .checkpoint_filter import load_authors_checkpoint, missing_checkpoint_message
 from .depthwise import ResidualDepthwiseConv, TokenConv2d, conv_tokens
+from .mixers import GatedAttention
+from .pretrained import load_pretrained
 
-# Variants as data (spec §2 table).
+# Variants as data: per-stage widths, depths, heads, MLP ratios and LayerScale initial values, and
+# the stochastic-depth rate the authors trained each with (docs/method.md, "Block and backbone").
+# The authors' checkpoint of each variant is described in nala_mm.models.pretrained.PRETRAINED.
 ARCH_SETTINGS: Dict[str, dict] = {
     'xt': dict(embed_dims=(32, 64, 128, 384), depths=(2, 2, 2, 2), num_heads=(1, 2, 4, 12),
                mlp_ratios=(3.5,) * 4, drop_path_rate=0.10, layer_scale_init_values=(1.0,) * 4),
@@ -37,10 +41,23 @@ ARCH_SETTINGS: Dict[str, dict] = {
               mlp_ratios=(3.5,) * 4, drop_path_rate=0.55, layer_scale_init_values=(1e-6,) * 4),
 }
 PER_STAGE_KEYS = ('embed_dims', 'depths', 'num_heads', 'mlp_ratios', 'layer_scale_init_values')
-# Shorthands for the registered token mixers; a dict names any registered GatedAttention.
-MIXER_SHORTHANDS = {'nala': 'NormAwareLinearAttention', 'softmax': 'SoftmaxAttention',
-                    'linear': 'LinearAttention'}
 NUM_STAGES = 4
+# What each mixer shorthand stands for: the registered mixer with its own defaults ('nala' is the
+# paper's NaLa, cosine-inhibit kernel). Any other mixer, or other settings, is a config dict.
+MIXER_SHORTHANDS: Dict[str, dict] = {
+    'nala': dict(type='NormAwareLinearAttention'),
+    'linear': dict(type='LinearAttention'),
+    'softmax': dict(type='SoftmaxAttention'),
+}
+# The released hybrid: NaLa in the two high-resolution stages, softmax attention in the others.
+DEFAULT_MIXERS = ('nala', 'nala', 'softmax', 'softmax')
+# The blocks' LayerNorms, as released; and the per-output norm Swin uses for dense prediction.
+BLOCK_NORM_CFG = dict(type='LN', eps=1e-6)
+DEFAULT_OUT_NORM_CFG = dict(type='LN', eps=1e-6)
+# Deprecated backbone arguments that set the 'nala' shorthand entries (a mixer config's keys).
+DEPRECATED_NALA_ARGS = ('kernel', 'alpha', 'lam', 'tau')
+
+MixerEntry = Union[str, dict]
 
 
 def resolve_arch(arch: Union[str, dict]) -> dict:
@@ -70,6 +87,91 @@ def resolve_arch(arch: Union[str, dict]) -> dict:
     return settings
 
 
+def mixer_config(entry: MixerEntry) -> dict:
+    """A stage's ``mixers`` entry -> the mixer's registry config, without its sizes (the stage
+    supplies ``embed_dims`` and ``num_heads``)."""
+    if isinstance(entry, str):
+        if entry not in MIXER_SHORTHANDS:
+            raise ValueError(f'unknown mixer {entry!r}; expected one of {tuple(MIXER_SHORTHANDS)} '
+                             f"or a registered mixer's config dict such as "
+                             f"dict(type='NormAwareLinearAttention', kernel='relu')")
+        return dict(MIXER_SHORTHANDS[entry])
+    if isinstance(entry, dict) and 'type' in entry:
+        if {'embed_dims', 'num_heads'} & set(entry):
+            raise ValueError(f'a mixer config takes its sizes from the stage; remove embed_dims/'
+                             f'num_heads from {entry}')
+        return dict(entry)
+    raise TypeError(f"a mixers entry must be one of {tuple(MIXER_SHORTHANDS)} or a dict with a "
+                    f"'type' naming a registered mixer, got {entry!r}")
+
+
+def format_mixers(mixers: Sequence[MixerEntry]) -> str:
+    """``mixers`` as the shortest Python expression a config can paste, e.g.
+    ``(dict(type='NormAwareLinearAttention', kernel='relu'),) * 2 + ('softmax',) * 2``."""
+
+    def literal(entry: MixerEntry) -> str:
+        if isinstance(entry, dict):
+            return 'dict(' + ', '.join(f'{key}={value!r}' for key, value in entry.items()) + ')'
+        return repr(entry)
+
+    runs: List[List] = []
+    for entry in mixers:
+        if runs and runs[-1][0] == entry:
+            runs[-1][1] += 1
+        else:
+            runs.append([entry, 1])
+    if all(count == 1 for _, count in runs):
+        return '(' + ', '.join(literal(entry) for entry in mixers) + ')'
+    return ' + '.join(f'({literal(entry)},)' + (f' * {count}' if count > 1 else '')
+                      for entry, count in runs)
+
+
+def resolve_mixers(mixers: Optional[Sequence[MixerEntry]],
+                   attn_types: Optional[Sequence[MixerEntry]],
+                   nala_overrides: Dict[str, object]) -> Tuple[MixerEntry, ...]:
+    """The backbone's mixer arguments, deprecated ones included -> one ``mixers`` entry per
+    stage, with a deprecation warning that shows the equivalent new form."""
+    if attn_types is not None and mixers is not None:
+        raise ValueError('pass the per-stage token mixers as `mixers` only; `attn_types` is its '
+                         f'deprecated name (got mixers={mixers!r} and attn_types={attn_types!r})')
+    deprecated = []
+    if attn_types is not None:
+        deprecated.append('attn_types')
+        mixers = attn_types
+    if isinstance(mixers, (str, dict)):  # one entry where four are needed
+        raise TypeError(f'mixers takes one entry per stage ({NUM_STAGES}), got the single '
+                        f'entry {mixers!r}')
+    entries = tuple(DEFAULT_MIXERS if mixers is None else mixers)
+    if len(entries) != NUM_STAGES:
+        raise ValueError(f'mixers needs {NUM_STAGES} entries (one per stage), got {entries}')
+    if nala_overrides:
+        deprecated.extend(nala_overrides)
+        # they set the 'nala' shorthand entries only; a config dict keeps its own settings
+        entries = tuple(dict(MIXER_SHORTHANDS['nala'], **nala_overrides) if entry == 'nala'
+                        else entry for entry in entries)
+    if deprecated:
+        verb = 'is' if len(deprecated) == 1 else 'are'
+        warnings.warn(f'NaLaFormer: {", ".join(deprecated)} {verb} deprecated; the same backbone '
+                      f'is mixers={format_mixers(entries)}', DeprecationWarning, stacklevel=3)
+    return entries
+
+
+def resolve_out_norm_cfg(out_norm_cfg: Optional[dict], out_norm: Optional[bool]) -> Optional[dict]:
+    """``out_norm_cfg`` and the deprecated boolean ``out_norm`` -> the output norms' config."""
+    if out_norm is None:
+        return None if out_norm_cfg is None else dict(out_norm_cfg)
+    if not isinstance(out_norm, bool):  # a string such as 'False' would be truthy
+        raise TypeError(f'out_norm must be True or False, got {out_norm!r}; it is deprecated: use '
+                        f'out_norm_cfg={DEFAULT_OUT_NORM_CFG} or out_norm_cfg=None')
+    mapped = dict(DEFAULT_OUT_NORM_CFG) if out_norm else None
+    if out_norm_cfg != DEFAULT_OUT_NORM_CFG and out_norm_cfg != mapped:
+        raise ValueError(f'out_norm={out_norm} contradicts out_norm_cfg={out_norm_cfg}; out_norm '
+                         f'is deprecated: pass out_norm_cfg only')
+    warnings.warn(f'NaLaFormer: out_norm is deprecated; the same backbone is '
+                  f'out_norm_cfg={mapped}', DeprecationWarning, stacklevel=3)
+    return mapped
+
+
 def to_tokens(x: Tensor) -> Tensor:
     """``(B, C, H, W)`` map -> contiguous channels-last tokens ``(B, H, W, C)``."""
     return x.permute(0, 2, 3, 1).contiguous()
@@ -81,62 +183,50 @@ def to_map(tokens: Tensor) -> Tensor:
 
 
 class TokenNorm(nn.Module):
-    """LayerNorm over the channels of tokens ``(B, H, W, C)``; the authors' ``normX.norm``
-    parameter names."""
+    """A norm layer built from ``norm_cfg`` (mmcv's ``build_norm_layer``), applied to the
+    channels of tokens ``(B, H, W, C)``; kept as attribute ``norm`` so that parameters are named
+    ``<name>.norm.weight`` as in the authors' checkpoints.
 
-    def __init__(self, channels: int, eps: float = 1e-6):
+    LayerNorm-like layers normalise the tokens' last dim directly; norms that normalise dim 1
+    (batch, group and instance norms) see the tokens' channels-first view.
+    """
+
+    def __init__(self, channels: int, norm_cfg: dict):
         super().__init__()
-        self.norm = nn.LayerNorm(channels, eps=eps)
+        self.norm = build_norm_layer(norm_cfg, channels)[1]
+        self.channels_first = isinstance(self.norm, (_BatchNorm, nn.GroupNorm, _InstanceNorm))
 
     def forward(self, tokens: Tensor) -> Tensor:
+        if self.channels_first:
+            return self.norm(to_map(tokens)).permute(0, 2, 3, 1)
         return self.norm(tokens)
 
 
 class ConvFFN(nn.Module):
     """Linear -> GELU -> h + dwconv3x3(h) -> Linear, on channels-last tokens (``dwconv``
-    includes its residual)."""
+    includes its residual).
 
-    def __init__(self, channels: int, hidden: int):
+    Training runs GELU and the conv as one node (:func:`nala_mm.ops.gelu_conv`) that keeps one
+    hidden-width tensor fewer for the backward; inference applies GELU in place on ``fc1``'s
+    output, which nothing else holds.
+    """
+
+    def __init__(self, channels: int, hidden: int, mode: str = 'fast'):
         super().__init__()
+        resolve_mode(mode)  # validates
+        self.mode = mode
         self.fc1 = nn.Linear(channels, hidden)
         self.dwconv = ResidualDepthwiseConv(hidden)
         self.fc2 = nn.Linear(hidden, channels)
 
     def forward(self, tokens: Tensor) -> Tensor:
         hidden = to_map(self.fc1(tokens))
-        if torch.is_grad_enabled() and not is_exporting():
-            # GELU and the residual dwconv as one node that saves only the pre-activation for
-            # the backward (GELU is recomputed there): one hidden-width tensor fewer per block
+        if torch.is_grad_enabled() or resolve_mode(self.mode) == 'reference':
             hidden = gelu_conv(hidden, self.dwconv.kernel(), self.dwconv.bias,
-                               self.dwconv.padding, self.dwconv.groups)
-        elif is_exporting():
-            hidden = self.dwconv(F.gelu(hidden))
-        else:  # inference: GELU in place on fc1's output, which nothing else holds
+                               self.dwconv.padding, self.dwconv.groups, mode=self.mode)
+        else:
             hidden = self.dwconv(torch.ops.aten.gelu_(hidden))
         return self.fc2(hidden.permute(0, 2, 3, 1))
-
-
-def mixer_config(attn_type: Union[str, dict], nala_kwargs: dict) -> dict:
-    """A stage's ``attn_types`` entry -> the mixer's registry config (without its sizes).
-
-    ``'nala'`` takes the backbone-wide NaLa settings (kernel, alpha, lam, tau); a dict is used
-    as given, so ``dict(type='NormAwareLinearAttention', norm_aware=False)`` sets its own.
-    """
-    if isinstance(attn_type, str):
-        if attn_type not in MIXER_SHORTHANDS:
-            raise ValueError(f'unknown attention type {attn_type!r}; expected one of '
-                             f'{tuple(MIXER_SHORTHANDS)} or a registered mixer config dict')
-        cfg = dict(type=MIXER_SHORTHANDS[attn_type])
-        if attn_type == 'nala':
-            cfg.update(nala_kwargs)
-        return cfg
-    if isinstance(attn_type, dict) and 'type' in attn_type:
-        if {'embed_dims', 'num_heads'} & set(attn_type):
-            raise ValueError(f'a mixer config takes its sizes from the stage; remove embed_dims/'
-                             f'num_heads from {attn_type}')
-        return dict(attn_type)
-    raise TypeError(f'an attn_types entry must be one of {tuple(MIXER_SHORTHANDS)} or a dict with '
-                    f"a 'type', got {attn_type!r}")
 
 
 def build_mixer(cfg: dict, channels: int, num_heads: int) -> GatedAttention:
@@ -160,10 +250,10 @@ class NaLaBlock(nn.Module):
                  layer_scale_init: float, drop_path: float, with_cp: bool):
         super().__init__()
         self.cpe1 = ResidualDepthwiseConv(channels)  # x + dwconv(x)
-        self.norm1 = TokenNorm(channels)
+        self.norm1 = TokenNorm(channels, BLOCK_NORM_CFG)
         self.attn = build_mixer(mixer_cfg, channels, num_heads)
         self.cpe2 = ResidualDepthwiseConv(channels)
-        self.norm2 = TokenNorm(channels)
+        self.norm2 = TokenNorm(channels, BLOCK_NORM_CFG)
         self.ffn = ConvFFN(channels, int(channels * mlp_ratio))
         # (1, C, 1, 1) as in the authors' checkpoints; applied over the tokens' last dim
         self.gamma_1 = nn.Parameter(torch.full((1, channels, 1, 1), float(layer_scale_init)))
@@ -174,8 +264,7 @@ class NaLaBlock(nn.Module):
     def _residual(self, x: Tensor, gamma: Tensor, branch: Tensor) -> Tensor:
         """``x + DropPath(gamma * branch)`` as one ``addcmul`` pass: DropPath's per-sample
         keep mask (drawn as mmcv's ``DropPath`` draws it) scales gamma, a ``(B, 1, 1, C)``
-        factor, instead of three passes over the branch and a kept full-size product
-        (measured: NaLaFormer-T's 1024^2 training step, batch 2, 17.0 -> 15.0 s)."""
+        factor, instead of three passes over the branch and a kept full-size product."""
         scale = gamma.view(-1)
         if self.training and self.drop_path_rate > 0:
             keep = 1.0 - self.drop_path_rate
@@ -249,62 +338,67 @@ class NaLaFormer(BaseModule):
     Args:
         arch: ``'xt' | 't' | 's' | 'b' | 'l'`` or a dict with ``embed_dims, depths, num_heads``
             (and optionally ``mlp_ratios, layer_scale_init_values, drop_path_rate``).
-        attn_types: per stage a token mixer: ``'nala'``, ``'softmax'``, ``'linear'`` (plain
-            linear attention), or a registered mixer's config dict such as
-            ``dict(type='NormAwareLinearAttention', norm_aware=False)``; the released hybrid
-            ``('nala', 'nala', 'softmax', 'softmax')`` by default.
-        kernel, alpha, lam, tau: settings of every ``'nala'`` shorthand (see
-            ``NormAwareLinearAttention``).
+        mixers: per stage a token mixer: a shorthand from ``MIXER_SHORTHANDS`` (``'nala'``,
+            ``'linear'``, ``'softmax'``) or a registered mixer's config without its sizes, such
+            as ``dict(type='NormAwareLinearAttention', kernel='relu')``. ``None`` is the released
+            hybrid ``('nala', 'nala', 'softmax', 'softmax')``. Every mixer has the same
+            parameters, so any checkpoint loads into any choice (docs/mixers.md).
         in_channels: image channels.
         out_indices: stages whose features (before the downsample) are returned.
-        out_norm: pass each returned map through its own LayerNorm ``out_norm{i}`` (as Swin does
-            for pretrained dense prediction). Off returns the raw stage features, with each
-            position's magnitude that a per-pixel LayerNorm discards (an earlier version's
-            Mask R-CNN from scratch stalled at the class prior with the norms; the current one
-            does not: README, detection demo).
+        out_norm_cfg: norm applied to each returned map, as its own module ``out_norm{i}``
+            (Swin's convention for dense prediction); ``None`` returns the raw stage features,
+            with the per-position magnitude a per-pixel LayerNorm discards.
         drop_path_rate: stochastic depth, linearly increasing; ``None`` = the variant's.
         frozen_stages: -1 trains all; 0 freezes the stem; i freezes the stem and stages 1..i.
         norm_eval: keep BatchNorm layers in eval mode while training.
         with_cp: activation checkpointing per block (less memory, one more forward).
         norm_cfg: norm of the stem and downsample convs (``dict(type='SyncBN')`` for DDP).
         init_cfg: ``dict(type='Pretrained', checkpoint=PATH, use_ema=False)`` loads the authors'
-            classification checkpoint or a converted one; anything else is mmengine's init.
+            classification checkpoint, a converted one or a whole detector/segmentor's (see
+            :mod:`nala_mm.models.pretrained`); anything else is mmengine's initialisation.
+        attn_types: deprecated name of ``mixers``.
+        kernel, alpha, lam, tau: deprecated; settings of the ``'nala'`` shorthand entries, now
+            written in a mixer config: ``dict(type='NormAwareLinearAttention', kernel='relu')``.
+        out_norm: deprecated; ``True`` is ``out_norm_cfg=dict(type='LN', eps=1e-6)``, ``False``
+            is ``out_norm_cfg=None``.
     """
 
     def __init__(self, arch: Union[str, dict] = 't',
-                 attn_types: Sequence[Union[str, dict]] = ('nala', 'nala', 'softmax', 'softmax'),
-                 kernel: str = 'cosine', alpha: float = 20.0, lam: float = 3.0,
-                 tau: float = 0.5, in_channels: int = 3,
-                 out_indices: Sequence[int] = (0, 1, 2, 3), out_norm: bool = True,
+                 mixers: Optional[Sequence[MixerEntry]] = None,
+                 in_channels: int = 3,
+                 out_indices: Sequence[int] = (0, 1, 2, 3),
+                 out_norm_cfg: Optional[dict] = dict(type='LN', eps=1e-6),
                  drop_path_rate: Optional[float] = None, frozen_stages: int = -1,
                  norm_eval: bool = False, with_cp: bool = False,
                  norm_cfg: dict = dict(type='BN', requires_grad=True),
-                 init_cfg: Optional[dict] = None):
+                 init_cfg: Optional[dict] = None,
+                 attn_types: Optional[Sequence[MixerEntry]] = None,
+                 kernel: Optional[str] = None, alpha: Optional[float] = None,
+                 lam: Optional[float] = None, tau: Optional[float] = None,
+                 out_norm: Optional[bool] = None):
         super().__init__(init_cfg=init_cfg)
         settings = resolve_arch(arch)
-        attn_types = tuple(attn_types)
-        if len(attn_types) != NUM_STAGES:
-            raise ValueError(f'attn_types needs {NUM_STAGES} entries, got {attn_types}')
-        nala_kwargs = dict(kernel=kernel, alpha=alpha, lam=lam, tau=tau)
-        mixer_cfgs = [mixer_config(t, nala_kwargs) for t in attn_types]
+        nala_overrides = {name: value for name, value in zip(
+            DEPRECATED_NALA_ARGS, (kernel, alpha, lam, tau)) if value is not None}
+        mixers = resolve_mixers(mixers, attn_types, nala_overrides)
+        mixer_cfgs = [mixer_config(entry) for entry in mixers]
+        out_norm_cfg = resolve_out_norm_cfg(out_norm_cfg, out_norm)
         out_indices = tuple(out_indices)
         if not out_indices or any(not 0 <= i < NUM_STAGES for i in out_indices):
             raise ValueError(f'out_indices must be non-empty and within 0..{NUM_STAGES - 1}, got '
                              f'{out_indices}')
         if not -1 <= frozen_stages <= NUM_STAGES:
             raise ValueError(f'frozen_stages must be in -1..{NUM_STAGES}, got {frozen_stages}')
-        if not isinstance(out_norm, bool):  # a string such as 'False' would be truthy
-            raise TypeError(f'out_norm must be True or False, got {out_norm!r}')
         if drop_path_rate is None:
             drop_path_rate = settings['drop_path_rate']
 
         self.arch_settings = settings
         self.variant = arch.upper() if isinstance(arch, str) else 'custom'
-        self.attn_types = attn_types
+        self.mixers = mixers
         self.in_channels = in_channels
         self.embed_dims = tuple(settings['embed_dims'])
         self.out_indices = out_indices
-        self.out_norm = out_norm
+        self.out_norm_cfg = out_norm_cfg
         self.frozen_stages = frozen_stages
         self.norm_eval = norm_eval
 
@@ -323,20 +417,17 @@ class NaLaFormer(BaseModule):
                 if i < NUM_STAGES - 1 else None
             self.layers.append(NaLaStage(blocks, downsample))
         # Per-output norms, named so they cannot collide with the authors' top-level ``norm.*``;
-        # parameter-free identities when off, so loading, freezing and forward stay one path.
+        # parameter-free identities without a norm, so loading, freezing and forward stay one path.
         for i in out_indices:
-            self.add_module(f'out_norm{i}',
-                            TokenNorm(self.embed_dims[i]) if out_norm else nn.Identity())
+            self.add_module(f'out_norm{i}', nn.Identity() if out_norm_cfg is None
+                            else TokenNorm(self.embed_dims[i], out_norm_cfg))
         self._freeze_stages()
 
-    # ------------------------------------------------------------------ init and loading
+    # ------------------------------------------------------------------ initialisation
     def init_weights(self) -> None:
         if self.init_cfg is not None and self.init_cfg.get('type') == 'Pretrained':
-            path = self.init_cfg['checkpoint']
-            if '://' not in str(path) and not osp.isfile(path):  # local paths only
-                raise FileNotFoundError(missing_checkpoint_message(
-                    path, self.variant, self._from_scratch_overrides()))
-            load_authors_checkpoint(self, path, use_ema=self.init_cfg.get('use_ema', False))
+            load_pretrained(self, self.init_cfg['checkpoint'],
+                            use_ema=self.init_cfg.get('use_ema', False))
             return
         if self.init_cfg is not None:
             super().init_weights()
@@ -349,29 +440,6 @@ class NaLaFormer(BaseModule):
             elif isinstance(module, nn.LayerNorm):
                 nn.init.ones_(module.weight)
                 nn.init.zeros_(module.bias)
-
-    def _from_scratch_overrides(self) -> List[str]:
-        """Options that undo what only makes sense on top of pretrained weights: a frozen,
-        randomly initialised stem or BN statistics that never leave their initial values."""
-        overrides = []
-        if self.frozen_stages >= 0:
-            overrides.append('model.backbone.frozen_stages=-1')
-        if self.norm_eval:
-            overrides.append('model.backbone.norm_eval=False')
-        return overrides
-
-    def rope_angle_buffers(self) -> List[Tensor]:
-        """Per stage, the RoPE frequencies this backbone rebuilds, in the released checkpoints'
-        ``layers.{i}.RoPE.angle`` layout (each repeated for its channel pair)."""
-        buffers = []
-        for stage in self.layers:
-            attn = stage.blocks[0].attn
-            buffers.append(rope_angle_buffer(attn.head_dims, attn.rope_base))
-        return buffers
-
-    def nala_layers_with_kernel(self, kernel: str) -> List[nn.Module]:
-        return [m for m in self.modules()
-                if isinstance(m, NormAwareLinearAttention) and m.cfg.kernel == kernel]
 
     # ------------------------------------------------------------------ training-mode control
     def _freeze_stages(self) -> None:
@@ -402,8 +470,8 @@ class NaLaFormer(BaseModule):
         if x.dim() != 4 or x.shape[1] != self.in_channels:
             raise ValueError(f'NaLaFormer expects input (B, {self.in_channels}, H, W), got '
                              f'{tuple(x.shape)}')
-        # the stem stays channels-first: on CPU its dense convs' backward is ~2x slower in
-        # channels-last memory (measured); one copy turns its output into tokens
+        # the stem stays channels-first (its dense convs' backward is slower in channels-last
+        # memory on CPU); one copy turns its output into tokens
         x = to_tokens(self.patch_embed(x))
         outs = []
         for i, stage in enumerate(self.layers):

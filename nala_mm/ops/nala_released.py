@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .feature_maps import NORM_FLOOR
-from .rope2d import apply_rope_reference
+from .attention.feature_maps import NORM_FLOOR
+from .attention.rope import apply_rope_reference
 
 
 def nala_attention_released(q: Tensor, k: Tensor, v: Tensor, lam: float = 3.0, tau: float = 0.5,

@@ -6,13 +6,14 @@ load into any mixer, every mixer has the same parameters, and comparisons betwee
 A mixer defines only :meth:`GatedAttention.mix` on ``(B, heads, N, d)`` tensors (and, for
 inspection, :meth:`GatedAttention.attention_weights`). To add one, subclass
 :class:`GatedAttention`, register it with :func:`nala_mm.registry.register_model`, and name it in
-a backbone's ``attn_types`` (``dict(type='MyMixer', ...)``).
+a backbone's ``mixers`` (``dict(type='MyMixer', ...)``).
 
 Modules take and return channels-last tokens ``(B, H, W, C)``, the backbone block's layout: the
 projections read contiguous memory, and q, k, v and the gate are four contiguous products with
-``qkvg``'s weight rows. The math lives in :mod:`nala_mm.ops`.
+``qkvg``'s weight rows. The math lives in :mod:`nala_mm.ops`; every mixer takes the package's one
+switch, ``mode='fast' | 'reference'`` (:mod:`nala_mm.ops.mode`).
 """
-from functools import lru_cache
+import warnings
 from typing import Optional, Tuple
 
 import torch
@@ -21,29 +22,11 @@ from einops import rearrange
 from mmengine.model import BaseModule
 from torch import Tensor, nn
 
-from ..ops import (NaLaConfig, apply_rope, apply_rope_reference, build_plain_feature_map,
-                   gated_norm, is_exporting, kernelized_attention, kernelized_attention_weights,
-                   rope_phasor, rope_table)
+from ..ops import (NaLaConfig, Rope, apply_rope, apply_rope_reference, build_plain_feature_map,
+                   gated_norm, kernelized_attention, kernelized_attention_weights, resolve_mode,
+                   rope_phasor, rope_table_for)
 from ..registry import register_model
 from .depthwise import TokenConv2d, conv_tokens
-
-IMPLEMENTATIONS = ('fast', 'reference')
-Rope = Optional[Tuple[Tensor, Tensor]]
-
-
-@lru_cache(maxsize=32)
-def _cached_rope(height: int, width: int, head_dim: int, base: float,
-                 device: torch.device) -> Tuple[Tensor, Tensor]:
-    return rope_table(height, width, head_dim, base, device=device)
-
-
-def _rope(height: int, width: int, head_dim: int, base: float,
-          device: torch.device) -> Tuple[Tensor, Tensor]:
-    # An exporter's sizes are symbolic: they cannot key the cache, and the table must be built
-    # in the graph so that the exported model accepts any input size.
-    if is_exporting():
-        return rope_table(height, width, head_dim, base, device=device)
-    return _cached_rope(height, width, head_dim, base, device)
 
 
 def _rope_rows(rope: Rope, rows: Optional[Tensor]) -> Rope:
@@ -57,17 +40,25 @@ class GatedAttention(BaseModule):
     Args:
         embed_dims: channels C.
         num_heads: heads; ``C / num_heads`` must be divisible by 4 when ``use_rope``.
-        use_rope: 2D RoPE (spec §1.4) on the mixing.
+        use_rope: 2D RoPE on the mixing (docs/method.md, "2D RoPE").
         rope_base, lepe_kernel_size: as released (10000, 5).
+        mode: ``'fast'`` (hand-written backward nodes) or ``'reference'`` (plain ops); see
+            :mod:`nala_mm.ops.mode`. ``implementation`` is its deprecated name.
     """
     # Mixers whose math overflows 16-bit formats (NaLa's k^3 and powers) run in float32 under
     # autocast; the others keep the autocast dtype.
     mix_in_float32 = True
 
     def __init__(self, embed_dims: int, num_heads: int, use_rope: bool = True,
-                 rope_base: float = 10000.0, lepe_kernel_size: int = 5,
-                 init_cfg: Optional[dict] = None):
+                 rope_base: float = 10000.0, lepe_kernel_size: int = 5, mode: str = 'fast',
+                 implementation: Optional[str] = None, init_cfg: Optional[dict] = None):
         super().__init__(init_cfg=init_cfg)
+        if implementation is not None:
+            warnings.warn(f"{type(self).__name__}: 'implementation' is deprecated; use "
+                          f"mode={implementation!r}", DeprecationWarning, stacklevel=2)
+            mode = implementation
+        resolve_mode(mode)  # validates
+        self.mode = mode
         if embed_dims <= 0 or num_heads <= 0 or embed_dims % num_heads != 0:
             raise ValueError(f'embed_dims must be a positive multiple of num_heads, got '
                              f'embed_dims={embed_dims}, num_heads={num_heads}')
@@ -107,7 +98,8 @@ class GatedAttention(BaseModule):
     def _table(self, x: Tensor) -> Rope:
         if not self.use_rope:
             return None
-        return _rope(x.shape[1], x.shape[2], self.head_dims, self.rope_base, x.device)
+        return rope_table_for(x.shape[1], x.shape[2], self.head_dims, self.rope_base, x.device,
+                              self.mode)
 
     def _heads(self, t: Tensor) -> Tensor:
         return rearrange(t, 'b h w (n d) -> b n (h w) d', n=self.num_heads)
@@ -147,7 +139,7 @@ class GatedAttention(BaseModule):
         del q, k, v, v_tokens
         # ln(mixed) * silu(gate) as one node that recomputes both factors in its backward
         gated = gated_norm(mixed, gate, self.ln.normalized_shape, self.ln.weight, self.ln.bias,
-                           self.ln.eps, mode='reference' if is_exporting() else 'fast')
+                           self.ln.eps, mode=self.mode)
         return self.out_proj(gated)
 
 
@@ -155,19 +147,13 @@ class _KernelizedMixer(GatedAttention):
     """Shared by the linear-cost mixers: feature maps + :func:`kernelized_attention`."""
 
     def __init__(self, embed_dims: int, num_heads: int, query_map, key_map, eps: float,
-                 implementation: str, **kwargs):
+                 **kwargs):
         super().__init__(embed_dims, num_heads, **kwargs)
-        if implementation not in IMPLEMENTATIONS:
-            raise ValueError(f'unknown implementation {implementation!r}; expected one of '
-                             f'{IMPLEMENTATIONS}')
         self.query_map, self.key_map, self.eps = query_map, key_map, eps
-        self.implementation = implementation
 
     def mix(self, q, k, v, rope):
-        # The fast mode's autograd.Function and complex RoPE have no ONNX form: an export
-        # traces the plain reference ops (the same numbers).
-        mode = 'reference' if self.implementation == 'reference' or is_exporting() else 'fast'
-        return kernelized_attention(q, k, v, self.query_map, self.key_map, self.eps, rope, mode)
+        return kernelized_attention(q, k, v, self.query_map, self.key_map, self.eps, rope,
+                                    self.mode)
 
     def attention_weights(self, q, k, rope, rows=None):
         queries = q if rows is None else q[..., rows, :]
@@ -177,7 +163,7 @@ class _KernelizedMixer(GatedAttention):
 
 @register_model
 class NormAwareLinearAttention(_KernelizedMixer):
-    """NaLa: norm-aware linear attention (spec §1), linear in the number of tokens.
+    """NaLa: norm-aware linear attention (docs/method.md), linear in the number of tokens.
 
     Args:
         embed_dims, num_heads, use_rope: see :class:`GatedAttention`.
@@ -186,22 +172,20 @@ class NormAwareLinearAttention(_KernelizedMixer):
         alpha, lam, tau, eps: see :class:`nala_mm.ops.NaLaConfig`.
         norm_aware: ``False`` fixes the query exponent at ``fixed_power`` (ablation: the output
             then no longer depends on the query norm).
-        implementation: ``'fast'`` (default, hand-written backward) or ``'reference'``.
+        mode: see :class:`GatedAttention`.
     """
 
     def __init__(self, embed_dims: int, num_heads: int, kernel: str = 'cosine',
                  alpha: float = 20.0, lam: float = 3.0, tau: float = 0.5, eps: float = 1e-6,
-                 norm_aware: bool = True, fixed_power: float = 3.0,
-                 implementation: str = 'fast', **kwargs):
+                 norm_aware: bool = True, fixed_power: float = 3.0, **kwargs):
         cfg = NaLaConfig(kernel=kernel, alpha=alpha, lam=lam, tau=tau, eps=eps,
                          norm_aware=norm_aware, fixed_power=fixed_power)
-        super().__init__(embed_dims, num_heads, *cfg.feature_maps(), eps, implementation,
-                         **kwargs)
+        super().__init__(embed_dims, num_heads, *cfg.feature_maps(), eps, **kwargs)
         self.cfg = cfg
 
     def extra_repr(self) -> str:
-        return (f'heads={self.num_heads}, {self.cfg}, rope={self.use_rope}, '
-                f'implementation={self.implementation}')
+        return f'heads={self.num_heads}, {self.cfg}, rope={self.use_rope}, mode={self.mode}'
+
 
 
 @register_model
@@ -215,14 +199,14 @@ class LinearAttention(_KernelizedMixer):
     """
 
     def __init__(self, embed_dims: int, num_heads: int, feature_map: str = 'relu',
-                 eps: float = 1e-6, implementation: str = 'fast', **kwargs):
+                 eps: float = 1e-6, **kwargs):
         phi = build_plain_feature_map(feature_map)
-        super().__init__(embed_dims, num_heads, phi, phi, eps, implementation, **kwargs)
+        super().__init__(embed_dims, num_heads, phi, phi, eps, **kwargs)
         self.feature_map = feature_map
 
     def extra_repr(self) -> str:
         return (f'heads={self.num_heads}, feature_map={self.feature_map}, eps={self.eps:g}, '
-                f'rope={self.use_rope}, implementation={self.implementation}')
+                f'rope={self.use_rope}, mode={self.mode}')
 
 
 @register_model
@@ -240,7 +224,7 @@ class SoftmaxAttention(GatedAttention):
         if rope is None:
             return q, k
         query_rope = _rope_rows(rope, rows)
-        if q.dtype != torch.float32 or is_exporting():
+        if q.dtype != torch.float32 or resolve_mode(self.mode) == 'reference':
             # ONNX has no complex numbers and bf16 has no complex type: the real form, in the
             # inputs' dtype so that the attention stays in it
             query_rope, rope = ([t.to(q.dtype) for t in table] for table in (query_rope, rope))

@@ -4,7 +4,7 @@ Autograd would keep, besides ``s`` (LayerNorm's input), the normalised output an
 for the product's backward: two C-wide tensors per token mixer that this node recomputes in its
 backward from ``s``, LayerNorm's per-token statistics and ``g`` (which the qkvg projection's
 output holds anyway). ``mode='reference'`` is the plain composition, differentiated by autograd
-(and what runs while exporting).
+(see :mod:`nala_mm.ops.mode`).
 """
 from typing import Optional, Tuple
 
@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-MODES = ('fast', 'reference')
+from ..mode import resolve_mode
 
 
 class _GatedNorm(torch.autograd.Function):
@@ -56,8 +56,7 @@ def gated_norm(s: Tensor, gate: Tensor, normalized_shape: Tuple[int, ...],
                eps: float = 1e-5, mode: str = 'fast') -> Tensor:
     """``layer_norm(s, normalized_shape, weight, bias, eps) * silu(gate)``; the shape is given
     as Python ints (as ``F.layer_norm`` takes it) so that tracing exporters see constants."""
-    if mode not in MODES:
-        raise ValueError(f'unknown gated_norm mode {mode!r}; expected one of {MODES}')
+    mode = resolve_mode(mode)
     tensors = (s, gate, weight, bias)
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad
                                                  for t in tensors)

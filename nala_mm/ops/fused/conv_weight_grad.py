@@ -2,16 +2,15 @@
 
 oneDNN (PyTorch's CPU convolutions) computes the forward and the input gradient of the block's
 convolutions quickly in ``channels_last`` memory, but two weight gradients slowly (its generic
-``jit:avx2 backward_weights`` kernel, seen with ``ONEDNN_VERBOSE=1`` on this project's 2-core
-AVX2 CPU). Measured at NaLaFormer-T's training shapes (batch 2;
-``benchmarks/conv_weight_grad.py``, results in ``benchmarks/results/conv_weight_grad.md``):
+``backward_weights`` kernel, visible with ``ONEDNN_VERBOSE=1``). This module takes other routes
+for those two (timings: ``benchmarks/conv_weight_grad.py``, docs/speed.md):
 
-* dense convs (the 3x3/s2 downsamples): computed on channels-first copies of the input and the
-  output gradient instead, copies included, 1.8-2.3x faster;
+* dense convs (the 3x3/s2 downsamples): the weight gradient is computed on channels-first
+  copies of the input and the output gradient;
 * depthwise 5x5 (LePE): four 3x3 depthwise weight gradients, which oneDNN runs with its
   depthwise kernel, over windows of the padded input cover the 5x5 taps (offsets {-2..0} x
-  {-2..0}, ..., {0..2} x {0..2}): 2.9x faster at 256^2, 1.5-1.8x at 128^2, no gain at 64^2 and
-  below, where oneDNN's direct kernel is kept.
+  {-2..0}, ..., {0..2} x {0..2}); below ``SPLIT_MIN_PIXELS`` oneDNN's direct kernel is as fast
+  and is kept.
 
 ``mode='fast'`` runs the forward as ``F.conv2d`` in one autograd node whose backward picks those
 paths; ``'reference'`` is ``F.conv2d`` differentiated by autograd. Same numbers (sums in another
@@ -24,11 +23,10 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from .export import is_exporting
+from ..mode import resolve_mode
 
-MODES = ('fast', 'reference')
 # Below this many pixels per map oneDNN's own depthwise 5x5 weight gradient is as fast as four
-# 3x3 ones (measured: equal at 64^2, 1.5-1.8x slower at 128^2).
+# 3x3 ones (benchmarks/conv_weight_grad.py).
 SPLIT_MIN_PIXELS = 96 * 96
 _convolution_backward = torch.ops.aten.convolution_backward
 
@@ -130,12 +128,11 @@ def conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
            mode: str = 'fast') -> Tensor:
     """``F.conv2d(x, weight, bias, stride, padding, groups=groups)`` (no dilation, numeric
     padding); ``mode='fast'`` takes the CPU weight-gradient paths of the module docstring."""
-    if mode not in MODES:
-        raise ValueError(f'unknown conv2d mode {mode!r}; expected one of {MODES}')
+    mode = resolve_mode(mode)
     stride, padding = tuple(stride), tuple(padding)
     needs_grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (x, weight, bias))
-    if (mode == 'reference' or not needs_grad or x.device.type != 'cpu' or is_exporting()
+    if (mode == 'reference' or not needs_grad or x.device.type != 'cpu'
             or torch.is_autocast_enabled('cpu')):
         return F.conv2d(x, weight, bias, stride, padding, 1, groups)
     return _Conv2d.apply(x, weight, bias, stride, padding, groups)

@@ -1,21 +1,12 @@
-"""Kernelised (linear) attention with 2D RoPE on the numerator: one op, two modes.
+"""Kernelised attention, fast mode: one autograd node that walks the tokens in chunks.
 
-Per head, with feature maps ``F_q = phi_q(q)``, ``F_k = phi_k(k)`` (``(N, e*d)``, see
-:mod:`.feature_maps`), ``G = rope(F)`` and ``kbar = mean_j F_k``:
+The forward keeps only q, k, v, the small state S (``e*d x d``), the key mean and the per-token
+normaliser; the backward recomputes the element-wise features from q and k and applies the maps'
+analytic derivatives. Both passes walk the tokens in chunks (S and kbar are sums over tokens), so
+the transient memory is ``O(chunk * d)`` instead of ``O(N * d)``. RoPE is one complex multiply
+over the whole feature. The formula, notation and reference are in :mod:`.naive`.
 
-    z = 1 / (F_q kbar^T + eps),   S = G_k^T v / N,   o = (G_q S) z
-
-NaLa (spec §1) and plain linear attention differ only in their feature maps. Modes:
-
-* ``'reference'``: the formula in plain tensor ops, differentiated by autograd. It is the readable
-  ground truth, and what runs while a model is exported (no autograd.Function, real-valued RoPE).
-* ``'fast'``: one autograd node with a hand-written backward. The forward keeps only q, k, v, the
-  small state S (``e*d x d``), the key mean and the per-token normaliser; the backward recomputes
-  the element-wise features from q and k and applies the maps' analytic derivatives. Both passes
-  walk the tokens in chunks (S and kbar are sums over tokens), so the transient memory is
-  ``O(chunk * d)`` instead of ``O(N * d)``. RoPE is one complex multiply over the whole feature.
-
-Backward of the fast mode (``G = rope(F)``):
+Backward (``G = rope(F)``):
     dnum = dO z,        dz = sum(dO * G_q S) -> dden = -dz z^2
     dS = G_q^T dnum,    dG_q = dnum S^T,     dF_q = rope^-1(dG_q) + dden kbar
     dkbar = dden^T F_q, dv = G_k dS / N,     dG_k = v dS^T / N,  dF_k = rope^-1(dG_k) + dkbar / N
@@ -28,54 +19,14 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from .feature_maps import FeatureMap
-from .rope2d import apply_rope, apply_rope_reference, rope_phasor
+from .rope import Rope, apply_rope, rope_phasor
 
-MODES = ('fast', 'reference')
 # Tokens per chunk: large enough that per-chunk overhead vanishes, small enough that the
 # element-wise temporaries of a chunk stay in cache-sized blocks (2048 x 128 floats = 1 MiB) and
-# add little to the backward's peak (measured on a whole layer at 16K tokens: 4096 -> 2048 lowers
-# the peak of a training step by 4.4 MiB of 53, 1024 by 0.5 MiB more).
+# add little to the backward's peak memory (benchmarks/attention.py).
 DEFAULT_CHUNK = 2048
-Rope = Optional[Tuple[Tensor, Tensor]]
 
 
-# ------------------------------------------------------------------------------ reference
-def _features(q: Tensor, k: Tensor, query_map: FeatureMap, key_map: FeatureMap,
-              eps: float) -> Tuple[Tensor, Tensor, Tensor]:
-    """phi(q), phi(k) and the normaliser z (from the unrotated features)."""
-    phi_q, phi_k = query_map.forward(q), key_map.forward(k)
-    normaliser = 1.0 / (phi_q @ phi_k.mean(dim=-2, keepdim=True).transpose(-1, -2) + eps)
-    return phi_q, phi_k, normaliser
-
-
-def _rotate_reference(x: Tensor, rope: Rope) -> Tensor:
-    return x if rope is None else apply_rope_reference(x, *rope)
-
-
-def kernelized_attention_reference(q: Tensor, k: Tensor, v: Tensor, query_map: FeatureMap,
-                                   key_map: FeatureMap, eps: float = 1e-6,
-                                   rope: Rope = None) -> Tensor:
-    phi_q, phi_k, normaliser = _features(q, k, query_map, key_map, eps)
-    phi_q, phi_k = _rotate_reference(phi_q, rope), _rotate_reference(phi_k, rope)
-    state = phi_k.transpose(-1, -2) @ v / k.shape[-2]  # (e*d, d): linear in N
-    return (phi_q @ state) * normaliser
-
-
-def kernelized_attention_weights(q: Tensor, k: Tensor, query_map: FeatureMap,
-                                 key_map: FeatureMap, eps: float = 1e-6,
-                                 query_rope: Rope = None, key_rope: Rope = None) -> Tensor:
-    """The implied weights ``(..., N_q, N_k)`` (output = weights @ v), for tests and inspection.
-
-    ``q`` may hold a few query rows (their RoPE entries in ``query_rope``) against all keys:
-    rows of chosen queries stay cheap at full resolution, where the whole matrix is quadratic.
-    Without RoPE each row is a distribution (non-negative, sums to 1).
-    """
-    phi_q, phi_k, normaliser = _features(q, k, query_map, key_map, eps)
-    phi_q, phi_k = _rotate_reference(phi_q, query_rope), _rotate_reference(phi_k, key_rope)
-    return (phi_q @ phi_k.transpose(-1, -2)) * normaliser / k.shape[-2]
-
-
-# ------------------------------------------------------------------------------ fast
 def _rotate(x: Tensor, phasor: Optional[Tensor], inverse: bool = False) -> Tensor:
     return x if phasor is None else apply_rope(x, phasor, inverse=inverse)
 
@@ -101,7 +52,8 @@ def _token_major(q: Tensor, dims: int) -> Tensor:
     return q.new_empty(*batch[:-1], n_tokens, batch[-1], dims).transpose(-3, -2)
 
 
-class _KernelizedAttention(torch.autograd.Function):
+class ChunkedKernelizedAttention(torch.autograd.Function):
+    """The fast mode's autograd node (its name is what FLOP counters see in a traced graph)."""
 
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, phasor: Optional[Tensor],
@@ -178,19 +130,12 @@ class _KernelizedAttention(torch.autograd.Function):
         return d_q, d_k, d_v, None, None, None, None, None
 
 
-def kernelized_attention(q: Tensor, k: Tensor, v: Tensor, query_map: FeatureMap,
-                         key_map: FeatureMap, eps: float = 1e-6, rope: Rope = None,
-                         mode: str = 'fast', chunk: int = DEFAULT_CHUNK) -> Tensor:
-    """Kernelised attention on ``(B, heads, N, d)`` float32 tensors; ``rope`` = ``(cos, sin)``.
-
-    ``chunk`` bounds the tokens the fast mode processes at once (memory of the temporaries),
-    not the result.
-    """
-    if mode == 'reference':
-        return kernelized_attention_reference(q, k, v, query_map, key_map, eps, rope)
-    if mode != 'fast':
-        raise ValueError(f'unknown attention mode {mode!r}; expected one of {MODES}')
+def kernelized_attention_chunked(q: Tensor, k: Tensor, v: Tensor, query_map: FeatureMap,
+                                 key_map: FeatureMap, eps: float = 1e-6, rope: Rope = None,
+                                 chunk: int = DEFAULT_CHUNK) -> Tensor:
+    """As :func:`.naive.kernelized_attention_naive`; ``chunk`` bounds the tokens processed at once
+    (memory of the temporaries), not the result."""
     if chunk < 1:
         raise ValueError(f'chunk must be >= 1 token, got chunk={chunk}')
     phasor = None if rope is None else rope_phasor(*rope)
-    return _KernelizedAttention.apply(q, k, v, phasor, query_map, key_map, eps, chunk)
+    return ChunkedKernelizedAttention.apply(q, k, v, phasor, query_map, key_map, eps, chunk)

@@ -5,8 +5,8 @@ tensors of the FFN's hidden width, the largest activations of a NaLaFormer block
 ``a`` and recomputes ``gelu(a)`` in its backward (one element-wise pass; the conv is not run
 again), so a training step keeps one hidden-width tensor fewer per block.
 
-``mode='reference'`` is the plain composition, differentiated by autograd (and what runs while
-exporting); ``'fast'`` is the memory-light node. Same numbers either way.
+``mode='reference'`` is the plain composition, differentiated by autograd; ``'fast'`` is the
+memory-light node (see :mod:`nala_mm.ops.mode`). Same numbers either way.
 """
 from typing import Optional, Sequence
 
@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-MODES = ('fast', 'reference')
+from ..mode import resolve_mode
 
 
 class _GeluConv(torch.autograd.Function):
@@ -46,7 +46,7 @@ class _GeluConv(torch.autograd.Function):
             [needs[0], needs[1], ctx.has_bias and needs[2]])
         del hidden
         # written into d_hidden, which nothing else holds: one hidden-width allocation fewer
-        # (fresh large blocks cost page faults on CPU, ~0.5 ms per MiB measured here)
+        # (fresh large blocks cost page faults on CPU)
         d_a = torch.ops.aten.gelu_backward.grad_input(d_hidden, a, grad_input=d_hidden) \
             if needs[0] else None
         d_weight = None if d_weight is None else d_weight.to(ctx.param_dtype)
@@ -57,11 +57,8 @@ class _GeluConv(torch.autograd.Function):
 def gelu_conv(a: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
               padding: Sequence[int] = (1, 1), groups: int = 1, mode: str = 'fast') -> Tensor:
     """``conv2d(gelu(a), weight, bias)`` (stride 1, no dilation) on a ``(B, C, H, W)`` map."""
-    if mode == 'reference':
-        return F.conv2d(F.gelu(a), weight, bias, padding=tuple(padding), groups=groups)
-    if mode != 'fast':
-        raise ValueError(f'unknown gelu_conv mode {mode!r}; expected one of {MODES}')
     needs_grad = any(t is not None and t.requires_grad for t in (a, weight, bias))
-    if not torch.is_grad_enabled() or not needs_grad:  # nothing to save: the plain ops
+    # the reference path, or nothing to save for a backward: the plain ops
+    if resolve_mode(mode) == 'reference' or not torch.is_grad_enabled() or not needs_grad:
         return F.conv2d(F.gelu(a), weight, bias, padding=tuple(padding), groups=groups)
     return _GeluConv.apply(a, weight, bias, tuple(padding), groups)

@@ -1,20 +1,17 @@
-"""NaLa, norm-aware linear attention (spec §1): its hyper-parameters and feature maps.
+"""NaLa's hyper-parameters and the feature maps they define (docs/method.md, "Query norm x
+direction", "Cubed keys", "Cosine inhibit").
 
-The attention itself is :func:`nala_mm.ops.kernelized.kernelized_attention` with NaLa's maps:
-the query direction raised to ``p = lam (tau + tanh ||q||)`` and the cubed key, both made
-non-negative by the kernel's sign split (``'cosine'``: the paper's cosine inhibit; ``'relu'``: the
-released code; ``'positive'``: positive part only, an ablation).
+NaLa is kernelised attention (:mod:`.naive`) with two maps: the query direction raised to
+``p = lam (tau + tanh ||q||)`` and the cubed key, both made non-negative by the kernel's sign
+split (``'cosine'``: the paper's cosine inhibit; ``'relu'``: the released code; ``'positive'``:
+positive part only, an ablation).
 """
 from dataclasses import dataclass
-from typing import Optional, Tuple
-
-from torch import Tensor
+from typing import Tuple
 
 from .feature_maps import SIGN_SPLITS, CubedKey, NormAwareQuery, build_sign_split
-from .kernelized import (DEFAULT_CHUNK, kernelized_attention, kernelized_attention_reference,
-                         kernelized_attention_weights)
 
-KERNELS = SIGN_SPLITS
+KERNELS = tuple(SIGN_SPLITS)
 
 
 @dataclass(frozen=True)
@@ -56,23 +53,3 @@ class NaLaConfig:
         split = build_sign_split(self.kernel, self.alpha)
         return (NormAwareQuery(split, self.lam, self.tau, self.norm_aware, self.fixed_power),
                 CubedKey(split))
-
-
-Rope = Optional[Tuple[Tensor, Tensor]]
-
-
-def nala_attention(q: Tensor, k: Tensor, v: Tensor, cfg: NaLaConfig, rope: Rope = None,
-                   mode: str = 'fast', chunk: int = DEFAULT_CHUNK) -> Tensor:
-    """NaLa attention on ``(B, heads, N, d)`` float32 tensors; ``rope`` = ``(cos, sin)``."""
-    return kernelized_attention(q, k, v, *cfg.feature_maps(), cfg.eps, rope, mode, chunk)
-
-
-def nala_attention_reference(q: Tensor, k: Tensor, v: Tensor, cfg: NaLaConfig,
-                             rope: Rope = None) -> Tensor:
-    """The plain form, differentiated by autograd (the ground truth of the fast mode)."""
-    return kernelized_attention_reference(q, k, v, *cfg.feature_maps(), cfg.eps, rope)
-
-
-def nala_attention_matrix(q: Tensor, k: Tensor, cfg: NaLaConfig, rope: Rope = None) -> Tensor:
-    """The implied N x N attention, for tests and inspection only (quadratic memory)."""
-    return kernelized_attention_weights(q, k, *cfg.feature_maps(), cfg.eps, rope, rope)

@@ -5,13 +5,14 @@ and matmuls count their multiply-adds, norms a few flops per element, and elemen
 (activations, residual adds, softmax) count nothing. mmengine has no handle for two ops of this
 model, so they would count 0; this module adds them:
 
-* ``aten::scaled_dot_product_attention`` (:class:`SoftmaxAttention`): ``q k^T`` plus ``A v``,
-  ``B*h*N_q*N_k*(d + d_v)`` = ``2*B*h*N^2*d``; the softmax itself counts 0, like everywhere else.
-* The fast kernelised-attention node ``_KernelizedAttention`` (NaLa and plain linear attention):
-  the tracer records it as one ``prim::PythonOp`` node, which :class:`FlopAnalyzer` keys as
-  ``'prim::PythonOp._KernelizedAttention'``; its feature maps travel as the node's scalar
-  arguments, so the handle reads the feature width ``e*d`` (``e`` = 2 for NaLa's split kernels,
-  1 for its positive part and for plain linear attention) and each map's element-wise cost.
+* ``aten::scaled_dot_product_attention`` (:class:`~nala_mm.models.SoftmaxAttention`): ``q k^T``
+  plus ``A v``, ``B*h*N_q*N_k*(d + d_v)`` = ``2*B*h*N^2*d``; the softmax itself counts 0, like
+  everywhere else.
+* The fast kernelised-attention node :class:`~nala_mm.ops.ChunkedKernelizedAttention` (NaLa and
+  plain linear attention): the tracer records it as one ``prim::PythonOp`` node
+  (:data:`KERNELIZED_OP`); its feature maps travel as the node's scalar arguments, so the handle
+  reads the feature width ``e*d`` (``e`` = 2 for NaLa's split kernels, 1 for its positive part
+  and for plain linear attention) and each map's element-wise cost.
   Per (batch, head), with N tokens and head dim d, it counts
 
   under ``attn_matmul`` (what the reference mode's matmuls add up to):
@@ -19,21 +20,24 @@ model, so they would count 0; this module adds them:
     * numerator ``G_q S``                          N*e*d*d
     * normaliser dot ``phi(q) . mean_j phi(k_j)``  N*e*d
 
-  under ``attn_elementwise`` (work the stock convention would ignore, but 10-20 % of the NaLa
-  core at d = 32-64; each term is output elements x a per-element constant):
+  under ``attn_elementwise`` (work the stock convention would ignore; each term is output
+  elements x a per-element constant):
     * key mean ``mean_j phi(k_j)``                 N*e*d  (one add per element)
-    * features ``phi(q)`` and ``phi(k)``           (c_q + c_k) * N*e*d, ``c = map.flops_per_feature``
+    * features ``phi(q)`` and ``phi(k)``           (c_q + c_k) * N*e*d  (``c``: each map's
+                                                   ``flops_per_feature``)
     * RoPE on ``phi(q)`` and ``phi(k)``            2 * ROPE_FLOPS * N*e*d  (only with RoPE)
     * scaling the output by ``z``                  N*d
 
-  For NaLa (e = 2, c = 4) that is ``4*N*d^2 + 29*N*d`` with RoPE: the spec's ``~ 4*N*d^2``.
+  For NaLa (e = 2, c = 4) that is ``4*N*d^2 + 29*N*d`` with RoPE, the leading ``4*N*d^2`` of
+  docs/method.md ('Cost').
 
-The reference mode (``implementation='reference'``, and every mixer while exporting) is made of
-ordinary ops, so stock mmengine counts it: its ``matmul`` total equals the fast node's
-``attn_matmul`` exactly, while its element-wise work counts 0 there, as for any other model.
+The reference mode (``mode='reference'``, and every mixer while exporting) is made of ordinary
+ops, so stock mmengine counts it: its ``matmul`` total equals the fast node's ``attn_matmul``
+exactly, while its element-wise work counts 0 there, as for any other model.
 
 :func:`count_flops` is the one entry point (``tools/get_flops.py`` and the benchmarks use it);
-:func:`build_model_from_config` builds a config's model (mmseg or mmdet).
+:func:`build_model_from_config` builds a config's model (mmseg or mmdet). The counts of the
+model variants against the paper's: docs/fidelity.md, 'FLOPs'.
 """
 import importlib
 import os.path as osp
@@ -51,14 +55,13 @@ from mmengine.registry import init_default_scope
 from mmengine.utils import get_installed_path
 from torch import nn
 
-from .ops.feature_maps import FeatureMap
-from .ops.kernelized import _KernelizedAttention
-from .runtime import load_config
+from ..ops import ChunkedKernelizedAttention, FeatureMap
+from ..runtime import load_config
 
 # Per rotated output element: ``x cos - y sin`` (or ``x sin + y cos``) is two multiply-adds.
 ROPE_FLOPS = 2
 
-KERNELIZED_OP = f'prim::PythonOp.{_KernelizedAttention.__name__}'
+KERNELIZED_OP = f'prim::PythonOp.{ChunkedKernelizedAttention.__name__}'
 SDPA_OP = 'aten::scaled_dot_product_attention'
 
 
@@ -85,7 +88,7 @@ def _shapes(values: List[Any]) -> List[List[int]]:
 
 
 def kernelized_flop_jit(inputs: List[Any], outputs: List[Any]) -> Counter:
-    """Handle for the ``_KernelizedAttention`` node: tensor inputs ``q, k, v`` ``(..., N, d)``
+    """Handle for the :data:`KERNELIZED_OP` node: tensor inputs ``q, k, v`` ``(..., N, d)``
     and, with RoPE, the phasor table; the feature maps are the node's first scalar arguments."""
     q_shape, k_shape, v_shape = _shapes(inputs[:3])
     if not q_shape == k_shape == v_shape:

@@ -1,4 +1,4 @@
-"""2D rotary position embedding on per-head features (spec §1.4).
+"""2D rotary position embedding on per-head features (docs/method.md, "2D RoPE").
 
 A head of width ``d`` holds ``d/2`` channel pairs ``(2i, 2i+1)``: the first ``d/4`` pairs rotate
 by ``row * f_i``, the last ``d/4`` by ``col * f_i``. The released model's frequencies are
@@ -7,10 +7,16 @@ is 1, the last exactly ``1/base``), not the common ``base^(-i / (d/4))``; its ch
 them, each repeated for its pair, as ``layers.{i}.RoPE.angle``. A feature of width ``D = n * d``
 (NaLa's 2d-wide features) is rotated one d-wide chunk at a time with the same table.
 """
-from typing import Tuple
+from functools import lru_cache
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
+
+from ..mode import resolve_mode
+
+# A ``(cos, sin)`` table pair, each ``(N, d/2)``; ``None`` where a mixer uses no RoPE.
+Rope = Optional[Tuple[Tensor, Tensor]]
 
 
 def rope_frequencies(head_dim: int, base: float = 10000.0) -> Tensor:
@@ -50,6 +56,22 @@ def rope_table(height: int, width: int, head_dim: int, base: float = 10000.0,
     """``(cos, sin)`` tables, each ``(H*W, d/2)``, float32."""
     angles = rope_angles(height, width, rope_frequencies(head_dim, base).to(device))
     return angles.cos(), angles.sin()
+
+
+@lru_cache(maxsize=32)
+def _cached_rope_table(height: int, width: int, head_dim: int, base: float,
+                       device: torch.device) -> Tuple[Tensor, Tensor]:
+    return rope_table(height, width, head_dim, base, device=device)
+
+
+def rope_table_for(height: int, width: int, head_dim: int, base: float, device: torch.device,
+                   mode: str = 'fast') -> Tuple[Tensor, Tensor]:
+    """:func:`rope_table` of one feature-map size; the fast mode caches it by size, the
+    reference mode (and exporting, whose sizes are symbolic and cannot key a cache) builds it in
+    the graph so that an exported model accepts any input size."""
+    if resolve_mode(mode) == 'reference':
+        return rope_table(height, width, head_dim, base, device=device)
+    return _cached_rope_table(height, width, head_dim, base, device)
 
 
 def apply_rope_reference(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:

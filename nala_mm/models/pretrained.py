@@ -1,0 +1,269 @@
+"""The authors' ImageNet checkpoints as data, and the one filter that fits a checkpoint to the
+backbone.
+
+:data:`PRETRAINED` says, per variant, where the configs expect the authors' file and how it is
+laid out (docs/method.md, "Authors' checkpoints"). :func:`checkpoint_filter` is a pure
+function ``(checkpoint, model) -> state_dict``: it accepts the authors' DeiT-style files, the
+converted ones and whole-model training checkpoints, and refuses, listing every problem, any
+checkpoint that would leave backbone tensors unloaded or whose stored RoPE frequencies are not the
+ones the model rebuilds. The backbone's ``init_weights`` (:func:`load_pretrained`) and
+tools/convert_checkpoint.py both go through it; mmengine's stock ``Pretrained`` initialisation
+would unwrap only ``state_dict`` and, fed an authors' file, load nothing and say nothing.
+"""
+import os.path as osp
+import re
+from collections import Counter
+from dataclasses import dataclass
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+from mmengine.logging import print_log
+from mmengine.runner.checkpoint import CheckpointLoader
+from torch import Tensor, nn
+
+from ..ops import rope_angle_buffer
+from .mixers import NormAwareLinearAttention
+
+
+@dataclass(frozen=True)
+class AuthorsCheckpoint:
+    """One of the authors' ImageNet-1K classification checkpoints.
+
+    Attributes:
+        file: where the configs expect it (``configs/_base_/nala_pretrained.py`` lists the same
+            paths; a test keeps the two equal).
+        trained_kernel: the NaLa kernel the weights were trained with: the released code's
+            ReLU split, not the paper's cosine inhibit (docs/method.md, "Paper vs released
+            code").
+        model_key, ema_key: top-level entries holding the plain and the EMA weights.
+        tail_prefixes: the classification tail (final projection, norm, head), which a dense
+            backbone does not have.
+        mixers: the stages' token mixers the weights were trained with, as ``mixers`` entries;
+            ``'nala'`` stands for NaLa with ``trained_kernel``.
+    """
+    file: Optional[str]
+    trained_kernel: str = 'relu'
+    model_key: str = 'model'
+    ema_key: str = 'model_ema'
+    tail_prefixes: Tuple[str, ...] = ('proj.', 'norm.', 'head.')
+    mixers: Tuple[str, ...] = ('nala', 'nala', 'softmax', 'softmax')
+
+    def trained_mixers(self) -> tuple:
+        """``mixers`` for :class:`~nala_mm.models.NaLaFormer` that run the released model."""
+        nala = dict(type='NormAwareLinearAttention', kernel=self.trained_kernel)
+        return tuple(dict(nala) if entry == 'nala' else entry for entry in self.mixers)
+
+
+# One entry per variant of nala_mm.models.nalaformer.ARCH_SETTINGS.
+PRETRAINED: Dict[str, AuthorsCheckpoint] = {
+    'xt': AuthorsCheckpoint('checkpoints/nalaformer_xt.pth'),
+    't': AuthorsCheckpoint('checkpoints/nalaformer_t.pth'),
+    's': AuthorsCheckpoint('checkpoints/nalaformer_s.pth'),
+    'b': AuthorsCheckpoint('checkpoints/nalaformer_b.pth'),
+    'l': AuthorsCheckpoint('checkpoints/nalaformer_l.pth'),
+}
+# The layout shared by every released file, for backbones built from an explicit arch dict.
+RELEASED_LAYOUT = AuthorsCheckpoint(file=None)
+
+# The released model's per-stage RoPE frequencies (a buffer). The backbone rebuilds its tables
+# from the input size, so these are not loaded, but they are checked against what it rebuilds.
+ROPE_KEY = re.compile(r'^layers\.(\d+)\.RoPE\.angle$')
+# Ours, not the authors': missing from their files by design, kept at initialisation.
+NEW_KEY = re.compile(r'^out_norm\d\.')
+# Largest relative difference tolerated between stored and rebuilt frequencies: float32
+# rounding of base**x differs by a few ulps between formulations; a wrong formula differs by %.
+ROPE_RTOL = 1e-5
+
+
+def layout_of(model: nn.Module) -> AuthorsCheckpoint:
+    """The authors' checkpoint entry of ``model``'s variant (the shared layout for a custom
+    arch)."""
+    return PRETRAINED.get(str(getattr(model, 'variant', '')).lower(), RELEASED_LAYOUT)
+
+
+def _unwrap(checkpoint: Mapping, use_ema: bool, layout: AuthorsCheckpoint) -> Mapping:
+    if use_ema:
+        if layout.ema_key not in checkpoint:
+            raise KeyError(f'use_ema=True but the checkpoint has no {layout.ema_key!r} entry; it '
+                           f'has {sorted(checkpoint)[:10]}')
+        return checkpoint[layout.ema_key]
+    for key in (layout.model_key, 'state_dict'):
+        if key in checkpoint:
+            return checkpoint[key]
+    if checkpoint and all(isinstance(v, Tensor) for v in checkpoint.values()):
+        return checkpoint
+    raise KeyError(f'the checkpoint holds neither {layout.model_key!r} nor \'state_dict\' nor '
+                   f'bare tensors; its top-level keys are {sorted(checkpoint)[:10]}')
+
+
+def _strip_prefix(weights: Mapping, prefix: str, only_matching: bool) -> Dict[str, Tensor]:
+    """Drop ``prefix`` from every key; with ``only_matching`` keep just the keys that had it."""
+    out = {}
+    for key, value in weights.items():
+        if key.startswith(prefix):
+            out[key[len(prefix):]] = value
+        elif not only_matching:
+            out[key] = value
+    return out
+
+
+def backbone_weights(checkpoint: Mapping, use_ema: bool = False,
+                     layout: AuthorsCheckpoint = RELEASED_LAYOUT) -> Dict[str, Tensor]:
+    """Every tensor of the backbone in a checkpoint, under the backbone's own key names.
+
+    Accepts the authors' files (``model``/``model_ema``), mmengine checkpoints
+    (``state_dict``) and bare state dicts, with the wrappers a training run adds: ``module.``
+    (DDP) and ``backbone.`` (a whole segmentor/detector, whose heads are left out), in any
+    combination (``module.backbone.*`` from a distributed whole-model run).
+    """
+    if not isinstance(checkpoint, Mapping):
+        raise TypeError(f'a checkpoint must be a dict, got {type(checkpoint).__name__}')
+    weights = dict(_unwrap(checkpoint, use_ema, layout))
+    if weights and all(key.startswith('module.') for key in weights):
+        weights = _strip_prefix(weights, 'module.', only_matching=False)
+    if any(key.startswith('backbone.') for key in weights):
+        weights = _strip_prefix(weights, 'backbone.', only_matching=True)
+    return weights
+
+
+def rope_angle_buffers(model: nn.Module) -> List[Tensor]:
+    """Per stage, the RoPE frequencies ``model`` rebuilds, in the released checkpoints'
+    ``layers.{i}.RoPE.angle`` layout (each repeated for its channel pair)."""
+    return [rope_angle_buffer(stage.blocks[0].attn.head_dims, stage.blocks[0].attn.rope_base)
+            for stage in model.layers]
+
+
+def check_rope_frequencies(stored: Mapping[int, Tensor], expected: Sequence[Tensor],
+                           source: str) -> None:
+    """Refuse a checkpoint whose ``layers.{i}.RoPE.angle`` differs from the frequencies the
+    backbone rebuilds (``expected[i]``, in the same repeated-per-pair layout)."""
+    for stage, angle in sorted(stored.items()):
+        if not 0 <= stage < len(expected):
+            raise ValueError(f'{source}: layers.{stage}.RoPE.angle belongs to no stage of this '
+                             f'NaLaFormer ({len(expected)} stages)')
+        want = expected[stage]
+        if tuple(angle.shape) != tuple(want.shape):
+            raise ValueError(
+                f'{source}: layers.{stage}.RoPE.angle has shape {tuple(angle.shape)}, but stage '
+                f'{stage} of this NaLaFormer rebuilds {tuple(want.shape)} RoPE frequencies '
+                f'(head dim {2 * want.numel()}); is it another variant? check `arch`')
+        relative = ((angle.double() - want.double()).abs() / want.double().abs()).max().item()
+        if relative > ROPE_RTOL:
+            raise ValueError(
+                f'{source}: the RoPE frequencies stored for stage {stage} (layers.{stage}.RoPE.'
+                f'angle) differ from the released ones this backbone rebuilds, '
+                f'10000^(-i/(d/4-1)), by up to {relative:.3g} (relative; tolerance '
+                f'{ROPE_RTOL:g}). The model would rotate positions differently from the one '
+                f'that was trained: refusing to load.')
+
+
+def _describe(keys: List[str], what: str, limit: int = 12) -> str:
+    more = f', ... ({len(keys) - limit} more)' if len(keys) > limit else ''
+    shown = ', '.join(keys[:limit]) + more
+    return f'{len(keys)} {what}: {shown}'
+
+
+def checkpoint_filter(checkpoint: Mapping, model: nn.Module, use_ema: bool = False,
+                      keep_rope: bool = False, source: str = 'the checkpoint') -> Dict[str, Tensor]:
+    """A checkpoint (or a bare state dict) -> the ``state_dict`` to load into the NaLaFormer
+    ``model``.
+
+    Unwraps ``model`` / ``model_ema`` (``use_ema``) / ``state_dict`` and the ``module.`` and
+    ``backbone.`` prefixes, drops the classification tail, checks the stored RoPE frequencies
+    ``layers.{i}.RoPE.angle`` against the ones ``model`` rebuilds and returns them only with
+    ``keep_rope`` (a converted file keeps them, so that every later load checks them again).
+    The result covers every tensor of ``model`` except its ``out_norm{i}`` norms, which the
+    authors' model does not have. Raises ``ValueError`` listing every missing, unexpected and
+    mis-shaped key (``source`` names the checkpoint in the messages). Reads ``model``'s
+    structure only: nothing is loaded.
+    """
+    layout = layout_of(model)
+    weights = backbone_weights(checkpoint, use_ema, layout)
+    state, rope = {}, {}
+    for key, value in weights.items():
+        match = ROPE_KEY.match(key)
+        if match:
+            rope[int(match.group(1))] = (key, value)
+        elif not key.startswith(layout.tail_prefixes):
+            state[key] = value
+    own = model.state_dict()
+    missing = [k for k in own if k not in state and not NEW_KEY.match(k)]
+    unexpected = [k for k in state if k not in own]
+    mis_shaped = [f'{k} {tuple(state[k].shape)} vs model {tuple(own[k].shape)}'
+                  for k in state if k in own and state[k].shape != own[k].shape]
+    if missing or unexpected or mis_shaped:
+        problems = [_describe(keys, what) for keys, what in (
+            (missing, 'backbone keys missing from the checkpoint'),
+            (unexpected, 'unexpected keys in the checkpoint'),
+            (mis_shaped, 'mis-shaped tensors')) if keys]
+        raise ValueError(f'{source} does not fit this NaLaFormer (is it another variant? check '
+                         f'`arch`):\n  ' + '\n  '.join(problems))
+    check_rope_frequencies({stage: angle for stage, (_, angle) in rope.items()},
+                           rope_angle_buffers(model), source)
+    if keep_rope:
+        state.update(dict(rope.values()))
+    return state
+
+
+def _from_scratch_overrides(model: nn.Module) -> List[str]:
+    """Options that undo what only makes sense on top of pretrained weights: a frozen,
+    randomly initialised stem or BN statistics that never leave their initial values."""
+    overrides = []
+    if getattr(model, 'frozen_stages', -1) >= 0:
+        overrides.append('model.backbone.frozen_stages=-1')
+    if getattr(model, 'norm_eval', False):
+        overrides.append('model.backbone.norm_eval=False')
+    return overrides
+
+
+def missing_checkpoint_message(path: str, model: nn.Module) -> str:
+    """What to do when ``init_cfg.checkpoint`` names no file: fetch it, point at it, or train
+    from scratch with exact ``--cfg-options``."""
+    scratch = ' '.join(['model.backbone.init_cfg=None', *_from_scratch_overrides(model)])
+    variant = getattr(model, 'variant', 'custom')
+    return (f"NaLaFormer: the pretrained checkpoint {path!r} (model.backbone.init_cfg.checkpoint) "
+            f'does not exist (looked for {osp.abspath(path)}). This config fine-tunes from the '
+            f"authors' ImageNet weights of NaLaFormer-{variant}: put their file there (the "
+            f"authors' .pth loads as it is, or convert it with tools/convert_checkpoint.py), "
+            f'set the path once in configs/_base_/nala_pretrained.py, or pass\n'
+            f'  --cfg-options model.backbone.init_cfg.checkpoint=PATH\n'
+            f'To train from scratch instead (random initialisation, nothing frozen):\n'
+            f'  --cfg-options {scratch}')
+
+
+def load_pretrained(model: nn.Module, path: str, use_ema: bool = False) -> Dict[str, int]:
+    """Load the checkpoint at ``path`` into the NaLaFormer ``model`` through
+    :func:`checkpoint_filter`, logging what was loaded and what kept its initialisation.
+
+    Warns when the authors' released weights (recognised by their stored RoPE frequencies) load
+    into NaLa layers whose kernel is not the one they were trained with.
+    """
+    if '://' not in str(path) and not osp.isfile(path):  # local paths only
+        raise FileNotFoundError(missing_checkpoint_message(path, model))
+    checkpoint = CheckpointLoader.load_checkpoint(path, map_location='cpu')
+    state = checkpoint_filter(checkpoint, model, use_ema=use_ema, keep_rope=True,
+                              source=f'checkpoint {path}')
+    rope = [key for key in state if ROPE_KEY.match(key)]
+    for key in rope:
+        del state[key]
+    model.load_state_dict(state, strict=False)
+    kept = [k for k in model.state_dict() if k not in state]
+    n_values = sum(v.numel() for v in state.values())
+    checked = f'checked for {len(rope)} stages' if rope else 'not stored (not checked)'
+    print_log(f'NaLaFormer: loaded {len(state)} tensors ({n_values / 1e6:.2f}M values) from {path}'
+              f'{" (EMA weights)" if use_ema else ""}; RoPE frequencies {checked}; {len(kept)} '
+              f'new keys keep their initialisation ({", ".join(kept) or "none"})',
+              logger='current')
+    trained = layout_of(model).trained_kernel
+    others = Counter(m.cfg.kernel for m in model.modules()
+                     if isinstance(m, NormAwareLinearAttention) and m.cfg.kernel != trained)
+    if rope and others:  # the released layout: weights trained with `trained`
+        layers = ' and '.join(f'{count} NaLa layers here use kernel={kernel!r}'
+                              for kernel, count in sorted(others.items()))
+        print_log(
+            f"NaLaFormer: {path} holds the authors' released weights, trained with "
+            f"kernel={trained!r} (the released code's), but {layers}. Each such layer then "
+            f'differs slightly from the released one and the differences accumulate through the '
+            f'stages: set kernel={trained!r} in their mixer configs, e.g. '
+            f"dict(type='NormAwareLinearAttention', kernel={trained!r}), to run the released "
+            f'model.', logger='current', level=30)  # logging.WARNING
+    return dict(loaded=len(state), kept=len(kept), rope_checked=len(rope))
