@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup test test-e2e demo demo-det bench ablation out-norm-study clean-demo
+.PHONY: setup test test-unit test-e2e demo demo-det bench ablation out-norm-study clean-demo
 
 setup:
 	@bash tools/setup_env.sh
@@ -11,6 +11,10 @@ setup:
 # The whole test suite: tiny models, tiny generated data (< 15 min on 2 cores).
 test: setup
 	$(PY) -m pytest tests -q -p no:cacheprovider -m "not slow"
+
+# The inner loop: the suite without the tests that start processes (tools, torchrun).
+test-unit: setup
+	$(PY) -m pytest tests -q -p no:cacheprovider -m "not slow and not integration"
 
 # Both demos end to end with their full schedules, asserting they learn (16-35 min on 2 cores).
 test-e2e: setup

@@ -4,7 +4,7 @@ and softmax, time and peak memory against the number of tokens.
 Stage-1 shape of NaLaFormer-T (C = 64, one head, d = 64, 2D RoPE), B = 1, N = H*W tokens:
 
 * op level, on ``(B, heads, N, d)`` q, k, v: our fast op (released ReLU kernel), the released op
-  sequence (:mod:`nala_mm.ops.nala_released`), softmax with an explicit N x N matrix, and SDPA;
+  sequence (benchmarks/released_op.py), softmax with an explicit N x N matrix, and SDPA;
 * layer level, the whole token mixer (qkvg, RoPE, NaLa, LePE, LayerNorm, SiLU gate, out_proj):
   ``NormAwareLinearAttention`` on channels-last tokens, as the backbone block runs it, against
   the released layer's op sequence on channels-first maps (token rearranges, the released op,
@@ -33,7 +33,7 @@ from common import (RESULTS, device_name, fmt, interleaved_ms, log_log_axes, mar
                     median_ms, peak_memory_mib, pyplot, spawn, write_json, write_markdown)
 from nala_mm.models import NormAwareLinearAttention
 from nala_mm.ops import NaLaConfig, apply_rope, nala_attention, rope_phasor, rope_table
-from nala_mm.ops.nala_released import nala_attention_released
+from released_op import nala_attention_released
 
 IMPLEMENTATIONS = {
     'nala_fast': 'NaLa op, fast (ours)',

@@ -3,7 +3,7 @@ vs mmseg's Swin-T, time and peak memory against the input size, inference and tr
 
 NaLa layers use the released kernel (``kernel='relu'``), as the fine-tuning configs do. The
 released-style model is the all-linear one whose mixers run
-:func:`nala_mm.ops.nala_released.nala_attention_released` (separate ReLU copies,
+:func:`released_op.nala_attention_released` (separate ReLU copies,
 concatenations, four RoPE calls) instead of the fast op: its NaLa mixers are swapped, after
 building, for ``ReleasedNaLaAttention`` (registered nowhere). Inference: eval mode, batch 1,
 ``torch.no_grad``. Training step: train mode (BatchNorm statistics, DropPath), forward +
@@ -22,7 +22,7 @@ from torch import nn
 
 from common import Step, sweep_cli
 from nala_mm.models import GatedAttention, NaLaFormer, NormAwareLinearAttention
-from nala_mm.ops.nala_released import nala_attention_released
+from released_op import nala_attention_released
 
 BACKBONES: Dict[str, dict] = {
     'nala_t_linear': dict(label='NaLaFormer-T (all linear)'),
@@ -34,7 +34,7 @@ BACKBONES: Dict[str, dict] = {
 
 class ReleasedNaLaAttention(GatedAttention):
     """NaLa in the released op sequence (relu kernel): the shared wrapper with
-    :func:`nala_mm.ops.nala_released.nala_attention_released` as its mixing."""
+    :func:`released_op.nala_attention_released` as its mixing."""
 
     def mix(self, q, k, v, rope):
         return nala_attention_released(q, k, v, rope=rope)

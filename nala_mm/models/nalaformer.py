@@ -404,7 +404,8 @@ class NaLaFormer(BaseModule):
 
         self.patch_embed = PatchEmbed(in_channels, self.embed_dims[0], norm_cfg)
         depths = settings['depths']
-        drop_rates = torch.linspace(0, drop_path_rate, sum(depths)).tolist()
+        # on the CPU whatever the default device (a model built on 'meta' for its shapes)
+        drop_rates = torch.linspace(0, drop_path_rate, sum(depths), device='cpu').tolist()
         self.layers = nn.ModuleList()
         for i in range(NUM_STAGES):
             first = sum(depths[:i])

@@ -8,11 +8,10 @@ import torch.nn.functional as F
 from nala_mm.models import NormAwareLinearAttention, SoftmaxAttention
 from nala_mm.ops import (NaLaConfig, apply_rope, apply_rope_reference, nala_attention,
                          nala_attention_matrix, nala_attention_reference, rope_phasor, rope_table)
-from nala_mm.ops.nala_released import nala_attention_released
-
-
-def rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    return ((actual - expected).norm() / expected.norm().clamp_min(1e-30)).item()
+from benchmarks.released_op import nala_attention_released
+from tests.helpers import rel_err
+from tests.reference import formulas
+from tests.reference.released_nalaformer import RoPE, released_nala, rotate
 
 
 def qkv(shape, seed=0, dtype=torch.float32, scale=1.0):
@@ -37,7 +36,6 @@ def test_fast_matches_reference_forward_and_gradients(kernel, use_rope):
     expected_grads = torch.autograd.grad(expected, (q, k, v), grad_out)
     actual_grads = torch.autograd.grad(actual, (q, k, v), grad_out)
     for name, a, e in zip('qkv', actual_grads, expected_grads):
-        assert torch.isfinite(a).all(), name
         assert rel_err(a, e) <= 1e-5, name
 
 
@@ -85,12 +83,38 @@ def test_fast_path_refuses_double_backward(kernel):
         grad_q.sum().backward()
 
 
-def test_released_op_sequence_matches_relu_kernel():
+def released_tables(height: int, width: int, head_dim: int):
+    """The transcription's own RoPE: (sin, cos), each (N, d), one angle per channel."""
+    return RoPE(head_dim)(height, width)
+
+
+def test_fast_relu_kernel_matches_the_released_transcription():
+    """The package's fast op with its own RoPE table against tests/reference's released_nala
+    with the transcription's tables: outputs and gradients."""
     height, width, head_dim = 4, 6, 8
     q, k, v = qkv((1, 2, height * width, head_dim), seed=3)
-    rope = rope_table(height, width, head_dim)
-    expected = nala_attention_released(q, k, v, rope=rope)
-    assert rel_err(nala_attention(q, k, v, NaLaConfig(kernel='relu'), rope), expected) <= 1e-5
+    expected = released_nala(q, k, v, *released_tables(height, width, head_dim))
+    actual = nala_attention(q, k, v, NaLaConfig(kernel='relu'), rope_table(height, width, head_dim))
+    assert rel_err(actual, expected) <= 1e-5
+    grad_out = torch.randn_like(expected)
+    for name, a, e in zip('qkv', torch.autograd.grad(actual, (q, k, v), grad_out),
+                          torch.autograd.grad(expected, (q, k, v), grad_out)):
+        assert rel_err(a, e) <= 1e-5, name
+
+
+@pytest.mark.parametrize('use_rope', [True, False])
+def test_benchmarks_released_op_matches_the_released_transcription(use_rope):
+    """benchmarks/released_op.py (what the fast path is timed against) computes the released
+    function: fed the transcription's tables (one entry per pair), or none against the
+    transcription with zero angles."""
+    height, width, head_dim = 4, 6, 8
+    q, k, v = qkv((1, 2, height * width, head_dim), seed=3)
+    sin, cos = released_tables(height, width, head_dim)
+    if not use_rope:
+        sin, cos = torch.zeros_like(sin), torch.ones_like(cos)
+    expected = released_nala(q, k, v, sin, cos)
+    rope = (cos[:, 0::2], sin[:, 0::2]) if use_rope else None
+    assert rel_err(nala_attention_released(q, k, v, rope=rope), expected) <= 1e-5
 
 
 def test_fast_rope_matches_plain_rotation_and_inverts():
@@ -99,6 +123,10 @@ def test_fast_rope_matches_plain_rotation_and_inverts():
     phasor = rope_phasor(cos, sin)
     rotated = apply_rope(x, phasor)
     assert rel_err(rotated, apply_rope_reference(x, cos, sin)) <= 1e-6
+    # the transcription's rotation, each d-wide half on its own, with its own (N, d) tables
+    ref_sin, ref_cos = released_tables(3, 5, 8)
+    expected = torch.cat([rotate(half, ref_sin, ref_cos) for half in x.split(8, dim=-1)], -1)
+    assert rel_err(rotated, expected) <= 1e-6
     assert rel_err(apply_rope(rotated, phasor, inverse=True), x) <= 1e-6
     # a rotation: norms per token unchanged, token 0 (angle 0) untouched
     assert torch.allclose(rotated.norm(dim=-1), x.norm(dim=-1), rtol=1e-5)
@@ -143,6 +171,15 @@ def _row_entropy(q, k, cfg=None):
     return -(row * row.clamp_min(1e-300).log()).sum().item()
 
 
+def _formula_entropy(q, k, kernel):
+    """The same row from tests/reference/formulas.py's features (docs/method.md): weight j is
+    phi(q).phi(k_j) / (sum_i phi(q).phi(k_i) + N eps)."""
+    scores = (formulas.nala_key_features(k, kernel) @
+              formulas.nala_query_features(q, kernel).transpose(-1, -2)).flatten()
+    row = scores / (scores.sum() + scores.numel() * 1e-6)
+    return -(row * torch.where(row > 0, row.log(), torch.zeros_like(row))).sum().item()
+
+
 @pytest.mark.parametrize('kernel', ['cosine', 'relu'])
 def test_entropy_falls_as_query_norm_grows(kernel):
     gen = torch.Generator().manual_seed(0)
@@ -150,23 +187,30 @@ def test_entropy_falls_as_query_norm_grows(kernel):
     direction = torch.randn(16, generator=gen, dtype=torch.float64)
     direction = direction / direction.norm()
     norms = torch.linspace(0.1, 2.0, 12)
-    nala = [_row_entropy((direction * r).view(1, 1, 1, -1), keys, NaLaConfig(kernel=kernel))
-            for r in norms]
-    plain = [_row_entropy((direction * r).view(1, 1, 1, -1), keys) for r in norms]
+    queries = [(direction * r).view(1, 1, 1, -1) for r in norms]
+    nala = [_row_entropy(q, keys, NaLaConfig(kernel=kernel)) for q in queries]
+    expected = [_formula_entropy(q, keys, kernel) for q in queries]
+    assert nala == pytest.approx(expected, rel=1e-9)
     assert all(a > b for a, b in zip(nala, nala[1:])), nala
-    assert nala[0] - nala[-1] > 0.2  # a real effect, not rounding
-    assert max(plain) - min(plain) < 1e-9  # plain linear attention cannot see the norm
+    plain = [_row_entropy(q, keys) for q in queries]
+    assert max(plain) - min(plain) < 1e-12  # plain linear attention cannot see the norm
 
 
 @pytest.mark.parametrize('use_rope', [False, True])
 def test_cosine_kernel_tends_to_relu_kernel(use_rope):
+    """How far the cosine kernel is from the ReLU split at alpha = 1e3 (~2e-10) and 20 (~3e-4):
+    the distances tests/reference/formulas.py gives."""
     q, k, v = qkv((2, 2, 30, 8), seed=2, dtype=torch.float64)
+    q, k, v = q.detach(), k.detach(), v.detach()
     rope = tuple(t.double() for t in rope_table(5, 6, 8)) if use_rope else None
+    formula_rope = formulas.rope_tables(5, 6, 8) if use_rope else None
     relu = nala_attention_reference(q, k, v, NaLaConfig(kernel='relu'), rope)
-    sharp = nala_attention_reference(q, k, v, NaLaConfig(kernel='cosine', alpha=1e3), rope)
-    soft = nala_attention_reference(q, k, v, NaLaConfig(kernel='cosine', alpha=20.0), rope)
-    assert rel_err(sharp, relu) < 1e-6
-    assert 1e-5 < rel_err(soft, relu) < 5e-3  # alpha = 20 differs, but only slightly
+    formula_relu = formulas.nala(q, k, v, kernel='relu', rope=formula_rope)
+    for alpha in (1e3, 20.0):
+        cosine = nala_attention_reference(q, k, v, NaLaConfig(kernel='cosine', alpha=alpha), rope)
+        want = rel_err(formulas.nala(q, k, v, kernel='cosine', alpha=alpha, rope=formula_rope),
+                       formula_relu)
+        assert rel_err(cosine, relu) == pytest.approx(want, rel=1e-4), alpha
 
 
 @pytest.mark.parametrize('kernel', ['cosine', 'relu'])
@@ -181,6 +225,9 @@ def test_zero_query_gives_finite_output_and_gradient(kernel):
     assert out[0, 0, 5].abs().max().item() == 0  # no direction -> no features -> zero output
     out.sum().backward()
     assert torch.isfinite(q.grad).all()
+    # |q / floor|^p with p >= 1.5 is flat at q = 0, and a query moves only its own row
+    assert q.grad[0, 0, 5].abs().max().item() == 0
+    assert q.grad[0, 0, torch.arange(12) != 5].abs().min().item() > 0
 
 
 @pytest.mark.parametrize('cls', [NormAwareLinearAttention, SoftmaxAttention])

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 import pytest
+from tests.helpers import REPO
 
-REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 RESULTS = 'benchmarks/results'
 PAGES = ('README.md', 'docs/method.md', 'docs/fidelity.md', 'docs/mixers.md', 'docs/speed.md',
          'docs/deploy.md', 'docs/robustness.md', 'docs/demos.md')

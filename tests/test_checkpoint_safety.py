@@ -5,6 +5,7 @@ import pickle
 import pytest
 import torch
 from mmengine.config import Config
+from mmengine.fileio.backends import LocalBackend
 from mmengine.model import BaseModel
 from mmengine.registry import MODELS, DefaultScope
 from mmengine.runner import Runner
@@ -121,3 +122,18 @@ def test_config_with_custom_imports_builds_nalaformer(tmp_path, scope):
         model = MODELS.build(cfg.model)
     assert isinstance(model, nala_mm.NaLaFormer)
     assert model.layers[3].blocks[0].attn.cfg.kernel == 'relu'
+
+
+def test_kill_during_save_never_leaves_a_truncated_checkpoint(tmp_path, monkeypatch):
+    target = tmp_path / 'iter_8.pth'
+    backend = LocalBackend()
+    backend.put(b'complete old checkpoint', target)
+
+    def killed(*args, **kwargs):  # the process dies after writing, before the rename
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, 'replace', killed)
+    with pytest.raises(KeyboardInterrupt):
+        backend.put(b'new bytes that never fully land', target)
+    assert target.read_bytes() == b'complete old checkpoint'
+    assert not [p for p in os.listdir(tmp_path) if 'partial' in p]

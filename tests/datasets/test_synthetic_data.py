@@ -9,8 +9,7 @@ from types import ModuleType
 import numpy as np
 import pytest
 from PIL import Image
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.helpers import REPO
 
 
 def _load(name: str) -> ModuleType:

@@ -8,22 +8,16 @@ import torch
 import torch.nn.functional as F
 
 from nala_mm.models import ARCH_SETTINGS, PRETRAINED, NaLaFormer, checkpoint_filter
-from tests.released_nalaformer import ReleasedNaLaFormer
+from tests.reference.released_nalaformer import VARIANTS, ReleasedNaLaFormer, released_variant
+from tests.helpers import REPO, TINY_ARCH as TINY, rel_err
 
-REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
-TINY = dict(embed_dims=(16, 32, 48, 64), depths=(1, 1, 2, 1), num_heads=(1, 2, 4, 4),
-            mlp_ratios=(2, 2, 2, 2))
 RELU = dict(type='NormAwareLinearAttention', kernel='relu')
 RELEASED_MIXERS = (RELU, RELU, 'softmax', 'softmax')
 
 
-def rel_err(actual, expected):
-    return ((actual - expected).norm() / expected.norm()).item()
-
-
 def test_the_table_covers_every_variant_and_the_configs_list_its_files():
     from mmengine.config import Config
-    assert set(PRETRAINED) == set(ARCH_SETTINGS)
+    assert set(PRETRAINED) == set(ARCH_SETTINGS) == set(VARIANTS)
     listed = Config.fromfile(osp.join(REPO, 'configs', '_base_', 'nala_pretrained.py'))
     assert dict(listed.nala_checkpoints) == {v: entry.file for v, entry in PRETRAINED.items()}
     assert PRETRAINED['t'].trained_mixers() == RELEASED_MIXERS
@@ -34,25 +28,27 @@ def test_every_pretrained_config_fine_tunes_the_released_kernel():
     trained with (PRETRAINED), in every NaLa stage."""
     import glob
     from mmengine.config import Config
-    checked = 0
-    for path in sorted(glob.glob(osp.join(REPO, 'configs', '*.py'))):
+    configs = sorted(glob.glob(osp.join(REPO, 'configs', '*.py')))
+    assert len(configs) == 15
+    for path in configs:  # every full-scale config fine-tunes from the authors' weights
         backbone = Config.fromfile(path).model.backbone
-        if (backbone.get('init_cfg') or {}).get('type') != 'Pretrained':
-            continue
+        assert backbone.init_cfg['type'] == 'Pretrained', path
         trained = PRETRAINED[backbone.arch].trained_kernel
         nala = [m for m in backbone.mixers
                 if m == 'nala' or (isinstance(m, dict) and m['type'] == 'NormAwareLinearAttention')]
         assert nala and all(isinstance(m, dict) and m.get('kernel') == trained for m in nala), path
-        checked += 1
-    assert checked >= 10
 
 
-def released_model(arch: dict, flags: str = 'llvv', seed: int = 0) -> ReleasedNaLaFormer:
-    """The independent transcription (tests/released_nalaformer.py) at ``arch``'s sizes."""
+def released_model(arch, flags: str = 'llvv', seed: int = 0) -> ReleasedNaLaFormer:
+    """The independent transcription (tests/reference/released_nalaformer.py): a variant of
+    the authors' table by name, or a test's own sizes."""
     torch.manual_seed(seed)
-    model = ReleasedNaLaFormer(arch['embed_dims'], arch['depths'], arch['num_heads'],
-                               arch['mlp_ratios'][0], flags=flags,
-                               layer_scales=arch.get('layer_scale_init_values', (1.0,) * 4))
+    if isinstance(arch, str):
+        model = released_variant(arch, flags)
+    else:
+        model = ReleasedNaLaFormer(arch['embed_dims'], arch['depths'], arch['num_heads'],
+                                   arch['mlp_ratios'][0], flags=flags,
+                                   layer_scales=arch.get('layer_scale_init_values', (1.0,) * 4))
     return model.randomise_statistics(seed).eval()
 
 
@@ -225,8 +221,7 @@ def test_convert_tool_writes_a_loadable_backbone_checkpoint(tmp_path):
     import subprocess
     import sys
     # the tool verifies against a named variant: a real-size XT file in the released layout
-    xt = ARCH_SETTINGS['xt']
-    released = released_model(xt, flags='llvv')
+    released = released_model('xt', flags='llvv')
     model_state = released.state_dict()
     # EMA weights that differ from the plain ones, so picking the wrong entry is visible
     ema_state = {k: v + 0.5 if v.is_floating_point() and 'RoPE' not in k else v
@@ -272,8 +267,8 @@ def flagship_backbone(config: str, checkpoint: str = None) -> NaLaFormer:
 @pytest.mark.parametrize('config, flags', FLAGSHIPS, ids=[c for c, _ in FLAGSHIPS])
 def test_flagship_configs_reproduce_the_released_model(tmp_path, config, flags):
     """NaLaFormer-T built by the full-scale configs from a released-layout T checkpoint equals
-    the independent transcription at 224^2 and at an odd, non-square size."""
-    released = released_model(ARCH_SETTINGS['t'], flags)
+    the independent transcription at an odd, non-square input size."""
+    released = released_model('t', flags)
     path = save_released(released, tmp_path / 'nalaformer_t.pth')
     model = flagship_backbone(config, path)
     assert model.init_cfg['type'] == 'Pretrained'
@@ -282,12 +277,11 @@ def test_flagship_configs_reproduce_the_released_model(tmp_path, config, flags):
     # the configs normalise each output (Swin's convention) and run the released kernel
     assert model.out_norm_cfg == dict(type='LN', eps=1e-6)
     assert [model.layers[i].blocks[0].attn.cfg.kernel for i in (0, 1)] == ['relu', 'relu']
-    for size in ((224, 224), (161, 237)):
-        image = torch.randn(1, 3, *size)
-        with torch.no_grad():
-            ours = model(image)
-        for out, ref in zip(ours, reference_outputs(released, image, out_norm=True)):
-            assert rel_err(out, ref) <= 1e-4, size
+    image = torch.randn(1, 3, 161, 237)  # maps 41x60, 21x30, 11x15, 6x8
+    with torch.no_grad():
+        ours = model(image)
+    for out, ref in zip(ours, reference_outputs(released, image, out_norm=True)):
+        assert rel_err(out, ref) <= 1e-4
 
 
 @pytest.mark.parametrize('config', ['ade20k_nala_upernet.py', 'coco_nala_mask-rcnn_1x.py'])

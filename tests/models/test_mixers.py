@@ -8,13 +8,7 @@ from nala_mm.models import (GatedAttention, LinearAttention, NaLaFormer,
                             NormAwareLinearAttention, SoftmaxAttention)
 from nala_mm.ops import NaLaConfig, nala_attention, rope_table
 from nala_mm.registry import register_model
-
-TINY = dict(embed_dims=(16, 32, 48, 64), depths=(1, 1, 2, 1), num_heads=(1, 2, 4, 4),
-            mlp_ratios=(2, 2, 2, 2))
-
-
-def rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    return ((actual - expected).norm() / expected.norm().clamp_min(1e-30)).item()
+from tests.helpers import TINY_ARCH as TINY, rel_err
 
 
 def qkv(shape, seed=0, scale=1.0):
@@ -107,10 +101,10 @@ def test_attention_weights_are_what_mixes_the_values(layer):
 def test_mixed_backbone_builds_in_both_scopes_with_the_same_parameters():
     from mmengine.registry import MODELS, DefaultScope
     mixed_types = ('linear', 'nala', 'softmax', 'linear')
-    all_nala = NaLaFormer(arch='t', mixers=('nala',) * 4)
+    all_nala = NaLaFormer(arch=TINY, mixers=('nala',) * 4)
     for scope in ('mmseg', 'mmdet'):
         with DefaultScope.overwrite_default_scope(scope):
-            mixed = MODELS.build(dict(type='NaLaFormer', arch='t', mixers=mixed_types))
+            mixed = MODELS.build(dict(type='NaLaFormer', arch=TINY, mixers=mixed_types))
         assert [type(s.blocks[0].attn) for s in mixed.layers] == [
             LinearAttention, NormAwareLinearAttention, SoftmaxAttention, LinearAttention]
         assert sum(p.numel() for p in mixed.parameters()) == \

@@ -8,25 +8,20 @@ import warnings
 import pytest
 import torch
 
-from nala_mm.models import ARCH_SETTINGS, NaLaFormer
-from tests.released_nalaformer import RoPE, released_frequencies
+from nala_mm.models import NaLaFormer
+from tests.reference.released_nalaformer import (CLASSIFICATION_TAIL, VARIANTS, RoPE,
+                                                 released_frequencies, released_variant)
+from tests.helpers import REPO, TINY_ARCH as TINY, rel_err
 
-REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
-TINY = dict(embed_dims=(16, 32, 48, 64), depths=(1, 1, 2, 1), num_heads=(1, 2, 4, 4),
-            mlp_ratios=(2, 2, 2, 2))
 RELU = dict(type='NormAwareLinearAttention', kernel='relu')
 
 
-def rel_err(actual, expected):
-    return ((actual - expected).norm() / expected.norm()).item()
-
-
-def test_variant_shapes_at_224():
+def test_variant_outputs_have_the_stage_widths_at_strides_4_to_32():
     model = NaLaFormer(arch='t').eval()
     with torch.no_grad():
-        outs = model(torch.randn(1, 3, 224, 224))
-    assert [tuple(o.shape) for o in outs] == [(1, 64, 56, 56), (1, 128, 28, 28), (1, 256, 14, 14),
-                                              (1, 512, 7, 7)]
+        outs = model(torch.randn(1, 3, 64, 96))
+    assert [tuple(o.shape) for o in outs] == [(1, c, 64 // s, 96 // s) for c, s in
+                                              zip(VARIANTS['t']['dims'], (4, 8, 16, 32))]
 
 
 @pytest.mark.parametrize('size', [(255, 255), (112, 137), (32, 32), (17, 23)])
@@ -37,7 +32,6 @@ def test_odd_sizes_give_ceil_divided_maps(size):
     for out, stride, dims in zip(outs, (4, 8, 16, 32), TINY['embed_dims']):
         assert tuple(out.shape) == (2, dims, math.ceil(size[0] / stride),
                                     math.ceil(size[1] / stride))
-        assert torch.isfinite(out).all()
 
 
 def test_out_indices_select_stages():
@@ -84,19 +78,52 @@ def test_out_norms_are_built_from_the_norm_config_under_the_released_key_names()
                               atol=1e-6)
 
 
-# Backbone parameters without the classification tail, as the released variants count them
-# (+-0.5 %), and exactly as this backbone builds them.
-EXPECTED_PARAMS_M = {'xt': 4.72, 't': 14.36, 's': 24.10, 'b': 50.45, 'l': 93.74}
-EXACT_PARAMS = {'xt': 4720960, 't': 14355392, 's': 24101824, 'b': 50450592, 'l': 93743328}
+def shapes(named) -> dict:
+    return {name: tuple(t.shape) for name, t in named}
 
 
-@pytest.mark.parametrize('arch', sorted(EXPECTED_PARAMS_M))
-def test_parameter_counts_match_the_released_variants(arch):
-    model = NaLaFormer(arch=arch, out_indices=(3,))
-    # The released backbone has no per-output norms; ours are an addition for dense heads.
-    count = sum(p.numel() for n, p in model.named_parameters() if not n.startswith('out_norm'))
-    assert count / 1e6 == pytest.approx(EXPECTED_PARAMS_M[arch], rel=5e-3)
-    assert count == EXACT_PARAMS[arch]
+@pytest.mark.parametrize('variant', sorted(VARIANTS))
+def test_variants_have_the_released_parameters(variant):
+    """Against the authors' table (tests/reference): every parameter of the released backbone
+    (classification tail left out) under the same name and shape, nothing else, so exactly
+    the released count; the per-output norms, an addition for dense heads, add 2 C each."""
+    with torch.device('meta'):
+        released = released_variant(variant)
+        ours = NaLaFormer(arch=variant, out_norm_cfg=None)
+        normed = NaLaFormer(arch=variant)
+    backbone = {name: shape for name, shape in shapes(released.named_parameters()).items()
+                if not name.startswith(CLASSIFICATION_TAIL)}
+    assert shapes(ours.named_parameters()) == backbone
+    assert sum(p.numel() for p in ours.parameters()) == \
+        sum(math.prod(shape) for shape in backbone.values())
+    # buffers too (BN statistics), but for the RoPE frequencies, which ours rebuilds
+    released_state = {name: shape for name, shape in shapes(released.state_dict().items()).items()
+                      if not name.startswith(CLASSIFICATION_TAIL) and 'RoPE' not in name}
+    assert shapes(ours.state_dict().items()) == released_state
+
+    extra = {name: shape for name, shape in shapes(normed.named_parameters()).items()
+             if name not in backbone}
+    dims = VARIANTS[variant]['dims']
+    assert extra == {f'out_norm{i}.norm.{p}': (c,) for i, c in enumerate(dims)
+                     for p in ('weight', 'bias')}
+    assert sum(p.numel() for p in normed.parameters()) - \
+        sum(p.numel() for p in ours.parameters()) == 2 * sum(dims)
+
+    # what the parameter shapes cannot show: heads, LayerScale init, drop-path rate
+    table = VARIANTS[variant]
+    assert [s.blocks[0].attn.num_heads for s in ours.layers] == list(table['heads'])
+    settings = ours.arch_settings
+    assert tuple(settings['layer_scale_init_values']) == table['layer_scales']
+    assert tuple(settings['mlp_ratios']) == (table['mlp_ratio'],) * 4
+    assert settings['drop_path_rate'] == table['drop_path']
+
+
+def test_layer_scale_starts_at_the_stage_init_value():
+    model = NaLaFormer(arch=dict(TINY, layer_scale_init_values=(1.0, 0.5, 1e-6, 2e-6)))
+    for stage, init in zip(model.layers, (1.0, 0.5, 1e-6, 2e-6)):
+        for block in stage.blocks:
+            for gamma in (block.gamma_1, block.gamma_2):
+                assert torch.equal(gamma, torch.full_like(gamma, init))
 
 
 V0_CHECKPOINT = osp.join(REPO, 'tests', 'data', 'nalaformer_v0_tiny.pth')
@@ -293,7 +320,7 @@ def test_builds_under_default_scope(scope):
     from mmengine.registry import DefaultScope, MODELS
     with DefaultScope.overwrite_default_scope(scope):
         model = MODELS.build(dict(type='NaLaFormer', arch='xt', out_indices=(2,)))
-    assert isinstance(model, NaLaFormer) and model.embed_dims == ARCH_SETTINGS['xt']['embed_dims']
+    assert isinstance(model, NaLaFormer) and model.embed_dims == VARIANTS['xt']['dims']
 
 
 def test_drop_path_residual_is_mmcv_drop_path_in_one_pass():

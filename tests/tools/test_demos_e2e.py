@@ -9,7 +9,7 @@ import os.path as osp
 
 import pytest
 
-from tests.test_segmentation import run_tool
+from tests.helpers import run_tool
 
 pytestmark = pytest.mark.slow
 

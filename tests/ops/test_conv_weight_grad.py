@@ -1,6 +1,7 @@
-"""The block's convolutions with their CPU weight-gradient paths (``nala_mm.ops.fused.conv_weight_grad``)
-against ``F.conv2d`` differentiated by autograd: same outputs and gradients, and the paths are
-actually taken at the shapes they were measured for."""
+"""The block's convolutions with their CPU weight-gradient paths
+(``nala_mm.ops.fused.conv_weight_grad``) against ``F.conv2d`` differentiated by autograd: same
+outputs and gradients, the paths actually taken at the shapes they were measured for, and plain
+``F.conv2d`` wherever no gradient is needed."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -68,18 +69,70 @@ def test_lepe_takes_the_split_path_at_stage_one_size(monkeypatch):
     torch.testing.assert_close(weight.grad, want, rtol=1e-4, atol=1e-3)
 
 
-def test_backbone_convs_use_the_fast_node_only_when_training():
+@pytest.fixture
+def fast_node_calls(monkeypatch):
+    """Shapes of the weights every use of the fast autograd node saw."""
+    calls, real = [], cwg._Conv2d
+
+    class Spy:
+        @staticmethod
+        def apply(*args):
+            calls.append(tuple(args[1].shape))
+            return real.apply(*args)
+
+    monkeypatch.setattr(cwg, '_Conv2d', Spy)
+    return calls
+
+
+def test_block_convs_take_the_fast_node_only_when_a_gradient_is_needed(fast_node_calls):
+    """With gradients on and trainable weights the LePE and downsample convs run the fast node;
+    without gradients (inference), with frozen weights and under autocast they run plain
+    ``F.conv2d``; every route gives F.conv2d's numbers."""
     model = NaLaFormer(arch=dict(embed_dims=(8, 16, 16, 16), depths=(1, 1, 1, 1),
                                  num_heads=(1, 1, 1, 1)), mixers=('nala',) * 4)
-    lepe, reduction = model.layers[0].blocks[0].attn.lepe, model.layers[0].downsample.reduction
     x = torch.randn(1, 8, 12, 12).contiguous(memory_format=torch.channels_last)
-    assert type(lepe(x).grad_fn).__name__ == '_Conv2dBackward'
-    assert type(reduction(x).grad_fn).__name__ == '_Conv2dBackward'
+    for conv in (model.layers[0].blocks[0].attn.lepe, model.layers[0].downsample.reduction):
+        want = F.conv2d(x, conv.weight, conv.bias, conv.stride, conv.padding, 1, conv.groups)
+        fast_node_calls.clear()
+        out = conv(x)
+        assert fast_node_calls == [tuple(conv.weight.shape)]
+        assert type(out.grad_fn).__name__ == '_Conv2dBackward'
+        assert torch.equal(out, want)
+
+        fast_node_calls.clear()
+        with torch.no_grad():
+            assert torch.equal(conv.eval()(x), want)
+        conv.requires_grad_(False)
+        out = conv(x)
+        conv.requires_grad_(True)
+        assert out.grad_fn is None and torch.equal(out, want)
+        with torch.autocast('cpu', dtype=torch.bfloat16):
+            assert conv(x).dtype == torch.bfloat16
+        assert fast_node_calls == []
+        assert sorted(name for name, _ in conv.named_parameters()) == ['bias', 'weight']
+
+
+def test_inference_forward_of_the_backbone_never_takes_the_fast_node(fast_node_calls):
+    """Each TokenConv2d takes the fast node once per forward with gradients on, in eval mode
+    too (the switch is the gradient, not the mode), and never under ``no_grad``; same
+    outputs either way."""
+    from nala_mm.models.depthwise import TokenConv2d
+    model = NaLaFormer(arch=dict(embed_dims=(8, 16, 16, 16), depths=(1, 1, 1, 1),
+                                 num_heads=(1, 1, 1, 1))).eval()
+    token_convs = [tuple(m.weight.shape) for m in model.modules() if isinstance(m, TokenConv2d)]
+    assert len(token_convs) == 4 + 3  # a LePE per block, a downsample after stages 1-3
+    image = torch.randn(1, 3, 64, 64)
+    with_grad = model(image)
+    assert sorted(fast_node_calls) == sorted(token_convs)
+    fast_node_calls.clear()
     with torch.no_grad():
-        assert lepe(x).grad_fn is None
-    assert sorted(name for name, _ in lepe.named_parameters()) == ['bias', 'weight']
+        without = model(image)
+    assert fast_node_calls == []
+    for a, b in zip(with_grad, without):
+        torch.testing.assert_close(a.detach(), b, rtol=1e-6, atol=1e-6)
 
 
 def test_unknown_mode_is_refused():
-    with pytest.raises(ValueError, match="unknown mode 'fused'; expected one of \('fast', 'reference'\)"):
+    with pytest.raises(ValueError,
+                       match=r"unknown mode 'fused'; expected one of \('fast', 'reference'\)"):
         cwg.conv2d(torch.randn(1, 2, 4, 4), torch.randn(2, 2, 3, 3), mode='fused')

@@ -211,3 +211,29 @@ class ReleasedNaLaFormer(nn.Module):
             if name.endswith(('gamma_1', 'gamma_2')):
                 param.data.copy_(torch.rand(param.shape, generator=gen) + 0.5)
         return self
+
+
+# The authors' variants (spec §2, docs/method.md's table, both transcribed from the released
+# code): per-stage embed dims, depths and heads, one MLP ratio, per-stage LayerScale init, and
+# the stochastic-depth rate of ImageNet training.
+VARIANTS = {
+    'xt': dict(dims=(32, 64, 128, 384), depths=(2, 2, 2, 2), heads=(1, 2, 4, 12),
+               mlp_ratio=3.5, layer_scales=(1.0, 1.0, 1.0, 1.0), drop_path=0.10),
+    't': dict(dims=(64, 128, 256, 512), depths=(2, 2, 6, 2), heads=(1, 2, 4, 8),
+              mlp_ratio=4.0, layer_scales=(1.0, 1.0, 1.0, 1.0), drop_path=0.10),
+    's': dict(dims=(64, 128, 320, 512), depths=(3, 5, 9, 3), heads=(1, 2, 5, 8),
+              mlp_ratio=3.5, layer_scales=(1.0, 1.0, 1.0, 1.0), drop_path=0.15),
+    'b': dict(dims=(96, 192, 384, 512), depths=(4, 6, 12, 6), heads=(1, 2, 6, 8),
+              mlp_ratio=4.0, layer_scales=(1.0, 1.0, 1e-6, 1e-6), drop_path=0.40),
+    'l': dict(dims=(96, 192, 448, 640), depths=(4, 7, 19, 8), heads=(1, 2, 7, 10),
+              mlp_ratio=3.5, layer_scales=(1e-6, 1e-6, 1e-6, 1e-6), drop_path=0.55),
+}
+# The classification tail's top-level modules: not part of a dense backbone.
+CLASSIFICATION_TAIL = ('proj.', 'norm.', 'head.')
+
+
+def released_variant(name: str, flags: str = 'llvv', num_classes: int = 1000) -> ReleasedNaLaFormer:
+    """The released classifier of a named variant (ImageNet-1K head by default)."""
+    v = VARIANTS[name]
+    return ReleasedNaLaFormer(v['dims'], v['depths'], v['heads'], v['mlp_ratio'], flags,
+                              v['layer_scales'], num_classes)

@@ -1,0 +1,108 @@
+"""Plain helpers shared by the test modules (fixtures live in conftest.py)."""
+import glob
+import json
+import os
+import os.path as osp
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+PYTHON = sys.executable
+DEMO_SEG_CFG = str(REPO / 'configs' / 'demo' / 'ade20k_demo_nala_upernet.py')
+DEMO_DET_CFG = str(REPO / 'configs' / 'demo' / 'coco_demo_nala_mask-rcnn.py')
+# A backbone small enough for unit tests, with every stage's head dim divisible by 4
+TINY_ARCH = dict(embed_dims=(16, 32, 48, 64), depths=(1, 1, 2, 1), num_heads=(1, 2, 4, 4),
+                 mlp_ratios=(2, 2, 2, 2))
+
+
+def rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """``||actual - expected|| / ||expected||``."""
+    return ((actual - expected).norm() / expected.norm()).item()
+
+
+def tool_env(**extra) -> dict:
+    return dict(os.environ, PYTHONPATH=str(REPO), PYTHONWARNINGS='ignore', **extra)
+
+
+def run_tool(*args, cwd=REPO, timeout=600, env=None) -> str:
+    """Run ``python *args`` from the repository; its output, after asserting success."""
+    proc = subprocess.run([PYTHON, *map(str, args)], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env=env or tool_env())
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout + proc.stderr
+
+
+def run_failing_tool(*args, timeout=300) -> str:
+    """Run ``python *args``; its output, after asserting failure."""
+    proc = subprocess.run([PYTHON, *map(str, args)], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout, env=tool_env())
+    assert proc.returncode != 0, proc.stdout[-2000:]
+    return proc.stdout + proc.stderr
+
+
+def free_port() -> int:
+    """A port nothing listens on now, for torchrun's rendezvous."""
+    with socket.socket() as sock:
+        sock.bind(('127.0.0.1', 0))
+        return sock.getsockname()[1]
+
+
+SEG_CFG = """
+_base_ = ['{base}']
+data_root = '{root}'
+train_dataloader = dict(batch_size=2, num_workers=0, persistent_workers=False,
+                        dataset=dict(data_root=data_root))
+val_dataloader = dict(batch_size=2, num_workers=0, persistent_workers=False,
+                      dataset=dict(data_root=data_root))
+test_dataloader = val_dataloader
+train_cfg = dict(max_iters={iters}, val_interval={iters})
+default_hooks = dict(checkpoint=dict(interval={iters}), logger=dict(interval=1))
+param_scheduler = [dict(type='LinearLR', start_factor=0.5, by_epoch=False, begin=0, end=2)]
+"""
+
+
+def write_seg_config(directory, root, iters=2, extra='', name=None) -> str:
+    """The segmentation demo config on ``root`` for ``iters`` iterations; ``extra`` is appended
+    (a re-assigned dict replaces the inherited one whole, so it must repeat the data root)."""
+    path = Path(directory) / (name or f'seg_{iters}.py')
+    path.write_text(SEG_CFG.format(base=DEMO_SEG_CFG, root=root, iters=iters) + extra)
+    return str(path)
+
+
+DET_CFG = """
+_base_ = ['{base}']
+data_root = '{root}/'
+train_dataloader = dict(batch_size=2, num_workers=0, persistent_workers=False,
+                        dataset=dict(data_root=data_root))
+val_dataloader = dict(batch_size=2, num_workers=0, persistent_workers=False,
+                      dataset=dict(data_root=data_root))
+test_dataloader = val_dataloader
+val_evaluator = dict(ann_file=data_root + 'annotations/instances_val2017.json')
+test_evaluator = val_evaluator
+train_cfg = dict(max_epochs={epochs}, val_interval={epochs})
+default_hooks = dict(checkpoint=dict(interval={epochs}), logger=dict(interval=1))
+"""
+
+
+def write_det_config(directory, root, epochs=1, extra='', name='det.py') -> str:
+    """The detection demo config on ``root`` for ``epochs`` epochs; ``extra`` is appended."""
+    path = Path(directory) / name
+    path.write_text(DET_CFG.format(base=DEMO_DET_CFG, root=root, epochs=epochs) + extra)
+    return str(path)
+
+
+def logged_scalars(work_dir) -> Dict[int, dict]:
+    """Per-iteration records of the LocalVisBackend's scalars.json (full precision)."""
+    records = {}
+    for path in sorted(glob.glob(osp.join(str(work_dir), '*', 'vis_data', 'scalars.json'))):
+        with open(path) as f:
+            for line in f:
+                record = json.loads(line)
+                if 'iter' in record and 'loss' in record:
+                    records[record['iter']] = record
+    return records
