@@ -3,14 +3,19 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup test test-unit test-e2e demo demo-det bench ablation out-norm-study clean-demo
+.PHONY: setup test test-unit test-extended test-e2e demo demo-det bench ablation out-norm-study clean-demo
 
 setup:
 	@bash tools/setup_env.sh
 
 # The whole test suite: tiny models, tiny generated data (< 15 min on 2 cores).
 test: setup
-	$(PY) -m pytest tests -q -p no:cacheprovider -m "not slow"
+	$(PY) -m pytest tests -q -p no:cacheprovider -m "not slow and not extended"
+
+# The process-starting checks make test leaves out: the tools and the upstream tools end to end,
+# ONNX export through the tool, epoch-based two-rank training and dist_test.sh (tests/conftest.py).
+test-extended: setup
+	$(PY) -m pytest tests -q -p no:cacheprovider -m "extended and not slow"
 
 # The inner loop: the suite without the tests that start processes (tools, torchrun).
 test-unit: setup

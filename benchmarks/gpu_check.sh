@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# GPU readiness in one go: fast-vs-reference parity on CUDA in fp32 and under fp16 autocast, the
+# GPU readiness in one go: the chunked op against the written-out formulas (float64),
+# fast-vs-reference parity on CUDA in fp32 and under fp16 autocast, the
 # attention / backbone / segmentor benchmarks with --device cuda, and a 50-iteration AMP training
 # run of the demo segmentor. Results: benchmarks/results/*_cuda.*
 #
@@ -59,6 +60,31 @@ with torch.no_grad():
         actual = model(image)
 results['backbone_fp16_autocast'] = [rel(a, e) for a, e in zip(actual, expected)]
 print(json.dumps(results, indent=2))
+PYCODE
+
+echo '== the chunked op on the device against the formulas written out (tests/reference), float64'
+$PY - <<'PYCODE' | tee "$OUT/formulas_cuda.txt"
+import json
+import os
+import torch
+from nala_mm.ops import NaLaConfig, nala_attention
+from tests.reference import formulas
+
+device = os.environ.get('GPU_CHECK_DEVICE', 'cuda')
+height, width, dims = 5, 7, 8
+gen = torch.Generator().manual_seed(0)
+q, k, v = (torch.randn(2, 2, height * width, dims, generator=gen, dtype=torch.float64)
+           for _ in range(3))
+rope = formulas.rope_tables(height, width, dims)
+errors = {}
+for kernel in ('cosine', 'relu'):
+    want = formulas.nala(q, k, v, kernel, rope=rope)
+    for mode in ('fast', 'reference'):
+        got = nala_attention(*(t.to(device) for t in (q, k, v)), NaLaConfig(kernel=kernel),
+                             tuple(t.to(device) for t in rope), mode, chunk=8).cpu()
+        errors[f'{kernel}_{mode}'] = float((got - want).abs().max() / want.abs().max())
+print(json.dumps(errors, indent=2))
+assert max(errors.values()) < 1e-6, errors
 PYCODE
 
 echo '== benchmarks'

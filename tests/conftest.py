@@ -15,6 +15,26 @@ import nala_mm.compat  # noqa: F401
 from nala_mm.datasets.synthetic_ade import generate_ade_like
 from nala_mm.datasets.synthetic_coco import generate_coco_like
 
+# Tests that start processes (marked ``integration``) cost seconds each in interpreter start-up
+# alone. ``make test`` keeps those below; every other one is marked ``extended`` and runs under
+# ``make test-extended`` (the tool and upstream-tool checks, ONNX export by the tool, dist_test).
+CORE_INTEGRATION = (
+    'tests/tools/test_resume.py::test_sigkill_then_resume_continues_with_identical_losses',
+    'tests/tools/test_resume.py::test_two_ranks_train_alike_and_resume_their_own_random_streams',
+    'tests/tools/test_segmentation.py::test_training_lowers_the_loss_on_its_fixed_batch',
+    'tests/tools/test_segmentation.py::'
+    'test_test_tool_gives_the_validation_miou_and_that_of_its_label_maps',
+    'tests/tools/test_segmentation.py::test_infer_tool_writes_the_test_tools_label_maps',
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.get_closest_marker('integration') and \
+                item.nodeid.split('[')[0] not in CORE_INTEGRATION:
+            item.add_marker(pytest.mark.extended)
+
+
 # the same examples on every run (a failure reproduces; nothing new is drawn in CI)
 settings.register_profile('nala', derandomize=True, deadline=None, print_blob=True)
 settings.load_profile('nala')

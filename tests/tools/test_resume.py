@@ -30,24 +30,36 @@ model = dict(backbone=dict(drop_path_rate=0.3))
 ITERS, KILL_AFTER = 8, 5  # checkpoints at 2, 4, 6, 8: the kill falls between two of them
 
 
-def train(config, work_dir, *extra):
-    return subprocess.run([PYTHON, 'tools/train.py', config, '--work-dir', str(work_dir), *extra],
-                          cwd=REPO, env=tool_env(), capture_output=True, text=True, timeout=600)
+def start_training(config, work_dir, *extra) -> subprocess.Popen:
+    # one thread per run: the uninterrupted and the crashing run share the machine's cores, and
+    # every run must sum in the same order for the losses to match bit for bit
+    return subprocess.Popen([PYTHON, 'tools/train.py', config, '--work-dir', str(work_dir),
+                             *extra], cwd=REPO, env=tool_env(OMP_NUM_THREADS='1'),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(proc: subprocess.Popen) -> subprocess.CompletedProcess:
+    stdout, stderr = proc.communicate(timeout=600)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+
+
+def train(config, work_dir, *extra) -> subprocess.CompletedProcess:
+    return finish(start_training(config, work_dir, *extra))
 
 
 def test_sigkill_then_resume_continues_with_identical_losses(tmp_path, small_ade):
     config = write_seg_config(tmp_path, small_ade, iters=ITERS, extra=CRASH_EXTRA)
-    straight = tmp_path / 'straight'
-    assert train(config, straight).returncode == 0
-    reference = {it: r['loss'] for it, r in logged_scalars(straight).items()}
-    assert sorted(reference) == list(range(1, ITERS + 1))
-
     crashing = write_seg_config(tmp_path, small_ade, iters=ITERS, name='crashing.py',
                                 extra=CRASH_EXTRA + f'custom_hooks = [dict(type="RNGStateHook"), '
                                                     f'dict(type="KillAfterIterHook", '
                                                     f'iteration={KILL_AFTER})]\n')
-    crashed = tmp_path / 'crashed'
-    killed = train(crashing, crashed)
+    straight, crashed = tmp_path / 'straight', tmp_path / 'crashed'
+    # the uninterrupted and the crashing run side by side
+    runs = [start_training(config, straight), start_training(crashing, crashed)]
+    done, killed = (finish(proc) for proc in runs)
+    assert done.returncode == 0, done.stderr[-2000:]
+    reference = {it: r['loss'] for it, r in logged_scalars(straight).items()}
+    assert sorted(reference) == list(range(1, ITERS + 1))
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     assert sorted(logged_scalars(crashed)) == list(range(1, KILL_AFTER + 1))
     assert (crashed / 'iter_4.pth').is_file() and not (crashed / 'iter_6.pth').exists()
