@@ -106,3 +106,16 @@ def logged_scalars(work_dir) -> Dict[int, dict]:
                 if 'iter' in record and 'loss' in record:
                     records[record['iter']] = record
     return records
+
+
+def coco_evaluate(gt, results: list, iou_type: str, cat_ids: list):
+    """pycocotools' evaluation of ``results`` (COCO-format dicts) against the ``COCO`` object
+    ``gt``, with mmdet's maximum detections; the evaluated ``COCOeval``."""
+    from pycocotools.cocoeval import COCOeval
+    evaluation = COCOeval(gt, gt.loadRes(results), iou_type)
+    evaluation.params.catIds = cat_ids
+    evaluation.params.maxDets = [100, 300, 1000]
+    evaluation.evaluate()
+    evaluation.accumulate()
+    evaluation.summarize()
+    return evaluation

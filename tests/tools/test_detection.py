@@ -11,7 +11,7 @@ import torch
 from mmengine.config import Config
 from mmengine.registry import init_default_scope
 
-from tests.helpers import REPO, run_failing_tool, run_tool, write_det_config
+from tests.helpers import REPO, coco_evaluate, run_failing_tool, run_tool, write_det_config
 
 integration = pytest.mark.integration
 
@@ -59,7 +59,6 @@ def coco_ap_of_dump(dump_path, ann_file, classes, iou_type='bbox') -> dict:
     (xyxy boxes to COCO's xywh, or the dumped RLE masks; labels to category ids by class name;
     mmdet's max-dets)."""
     from pycocotools.coco import COCO
-    from pycocotools.cocoeval import COCOeval
     with open(dump_path, 'rb') as f:
         samples = pickle.load(f)
     gt = COCO(str(ann_file))
@@ -78,12 +77,7 @@ def coco_ap_of_dump(dump_path, ann_file, classes, iou_type='bbox') -> dict:
                 det['segmentation'] = rle
             dets.append(det)
     assert dets, 'nothing detected: AP would be undefined'
-    evaluation = COCOeval(gt, gt.loadRes(dets), iou_type)
-    evaluation.params.catIds = [cat_id[name] for name in classes]
-    evaluation.params.maxDets = [100, 300, 1000]
-    evaluation.evaluate()
-    evaluation.accumulate()
-    evaluation.summarize()
+    evaluation = coco_evaluate(gt, dets, iou_type, [cat_id[name] for name in classes])
     return dict(mAP=evaluation.stats[0], mAP_50=evaluation.stats[1], count=len(dets),
                 images=len(samples))
 

@@ -8,7 +8,8 @@ import pytest
 import torch
 from pycocotools import mask as mask_utils
 from pycocotools.coco import COCO
-from pycocotools.cocoeval import COCOeval
+
+from tests.helpers import coco_evaluate
 
 CLASSES = ('disc', 'square', 'triangle', 'star')  # the synthetic COCO data's categories
 
@@ -84,12 +85,7 @@ def pycocotools_ap(coco, dets, iou_type):
             rle['counts'] = rle['counts'].decode()
             res['segmentation'] = rle
         results.append(res)
-    evaluation = COCOeval(coco, coco.loadRes(results), iou_type)
-    evaluation.params.catIds = [cat_id[name] for name in CLASSES]
-    evaluation.params.maxDets = [100, 300, 1000]
-    evaluation.evaluate()
-    evaluation.accumulate()
-    evaluation.summarize()
+    evaluation = coco_evaluate(coco, results, iou_type, [cat_id[name] for name in CLASSES])
     precision = evaluation.eval['precision'][:, :, :, 0, -1]  # [iou, recall, class], all areas
     per_class = {}
     for k, name in enumerate(CLASSES):
