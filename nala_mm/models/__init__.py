@@ -1,7 +1,9 @@
 """Backbone and token mixers."""
-from .mixers import GatedAttention, LinearAttention, NormAwareLinearAttention, SoftmaxAttention
+from .mixers import (GatedAttention, IdentityAttention, LinearAttention, NormAwareLinearAttention,
+                     SoftmaxAttention)
 from .pretrained import PRETRAINED, checkpoint_filter, load_pretrained
 from .nalaformer import ARCH_SETTINGS, NaLaFormer
 
 __all__ = ['GatedAttention', 'NormAwareLinearAttention', 'LinearAttention', 'SoftmaxAttention',
+           'IdentityAttention',
            'NaLaFormer', 'ARCH_SETTINGS', 'PRETRAINED', 'checkpoint_filter', 'load_pretrained']

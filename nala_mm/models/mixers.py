@@ -240,3 +240,25 @@ class SoftmaxAttention(GatedAttention):
         queries, k = self._rotate(queries, k, rope, rows)
         return torch.softmax(queries @ k.transpose(-1, -2) * self.head_dims ** -0.5, dim=-1)
 
+
+
+@register_model
+class IdentityAttention(GatedAttention):
+    """The control that mixes no tokens: every query attends to itself alone (``A = I``).
+
+    Same wrapper and parameters as every other mixer (qkvg, LePE, gated norm, out_proj), so a
+    comparison against it measures what the token mixing adds beyond the block's convolutions;
+    q and k are computed and ignored. Information still moves between neighbours through LePE's
+    5x5 window and the block's depthwise convs, never further per layer.
+    """
+
+    mix_in_float32 = False
+
+    def mix(self, q, k, v, rope):
+        return v
+
+    def attention_weights(self, q, k, rope, rows=None):
+        n_tokens = k.shape[-2]
+        queries = torch.arange(n_tokens, device=k.device) if rows is None else rows
+        eye = F.one_hot(queries, n_tokens).to(k.dtype)
+        return eye.expand(*k.shape[:-2], len(queries), n_tokens)

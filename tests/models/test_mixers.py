@@ -4,7 +4,7 @@ import itertools
 import pytest
 import torch
 
-from nala_mm.models import (GatedAttention, LinearAttention, NaLaFormer,
+from nala_mm.models import (GatedAttention, IdentityAttention, LinearAttention, NaLaFormer,
                             NormAwareLinearAttention, SoftmaxAttention)
 from nala_mm.ops import NaLaConfig, nala_attention, rope_table
 from nala_mm.registry import register_model
@@ -173,3 +173,31 @@ class NotAMixer(torch.nn.Module):
 def test_bad_mixer_entries_name_the_value(entry, error, match):
     with pytest.raises(error, match=match):
         NaLaFormer(arch=TINY, mixers=('nala', entry, 'softmax', 'softmax'))
+
+
+@pytest.mark.parametrize('cls, reaches', [(IdentityAttention, False),
+                                          (NormAwareLinearAttention, True),
+                                          (SoftmaxAttention, True)])
+def test_only_a_mixing_layer_carries_a_far_token_to_another(cls, reaches):
+    """Perturb the top-left token: at the bottom-right one, beyond LePE's 5x5 window, the output
+    moves through a mixing layer and stays exactly the same through the identity control."""
+    layer = cls(16, 2).eval()
+    x = torch.randn(1, 9, 11, 16)
+    moved = x.clone()
+    moved[0, 0, 0] += 3.0
+    with torch.no_grad():
+        before, after = layer(x), layer(moved)
+    change = (after[0, -1, -1] - before[0, -1, -1]).abs().max().item()
+    assert (change > 1e-4) if reaches else (change == 0.0)
+    # the perturbed token's own output moves in every case (LePE and the projections see it)
+    assert (after[0, 0, 0] - before[0, 0, 0]).abs().max() > 1e-3
+
+
+def test_identity_control_has_every_mixers_parameters_and_attends_to_itself():
+    control, nala = IdentityAttention(16, 2), NormAwareLinearAttention(16, 2)
+    assert [(n, p.shape) for n, p in control.named_parameters()] == \
+        [(n, p.shape) for n, p in nala.named_parameters()]
+    q, k, _, _, rope = control.project(torch.randn(1, 4, 5, 16))
+    weights = control.attention_weights(q, k, rope, rows=torch.tensor([0, 7]))
+    assert weights.shape == (1, 2, 2, 20)
+    assert torch.equal(weights[0, 1], torch.eye(20)[[0, 7]])
