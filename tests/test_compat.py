@@ -98,3 +98,20 @@ def test_scope_neutral_modules_resolve_under_both_default_scopes():
     for registry in (SEG_MODELS, DET_MODELS):
         assert registry.get('NaLaFormer') is nala_mm.NaLaFormer
         assert registry.get('NormAwareLinearAttention') is nala_mm.NormAwareLinearAttention
+
+
+def test_a_scoped_subclass_goes_into_that_packages_registry_only():
+    from mmengine.registry import MODELS as ROOT
+    from mmseg.models.backbones import MixVisionTransformer
+    from mmseg.registry import MODELS as SEG_MODELS
+
+    from nala_mm.registry import register_model
+
+    @register_model(scope='mmseg')
+    class ScopedProbeMiT(MixVisionTransformer):
+        pass
+
+    assert SEG_MODELS.module_dict['ScopedProbeMiT'] is ScopedProbeMiT
+    assert 'ScopedProbeMiT' not in ROOT.module_dict
+    with pytest.raises(KeyError, match=r'ScopedProbeMiT is already registered in mmseg::model'):
+        register_model(ScopedProbeMiT, scope='mmseg')
