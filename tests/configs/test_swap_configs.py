@@ -1,0 +1,144 @@
+"""The configs that swap NaLa into mmseg's/mmdet's stock backbones (configs/swap/): each builds
+in its scope, changes only what it says, and trains one iteration on the embedded demo data."""
+import glob
+import os.path as osp
+
+import pytest
+import torch
+from mmengine.config import Config
+from mmengine.optim import build_optim_wrapper
+from mmengine.registry import init_default_scope
+from mmengine.runner import Runner
+
+from nala_mm.models.swap import det, seg
+from tests.helpers import REPO
+
+SWAP = REPO / 'configs' / 'swap'
+EXPECTED = {
+    'ade20k_swin-t_upernet_nala-s12.py': (seg.NaLaSwinTransformer, ('nala',) * 2 + ('softmax',) * 2),
+    'ade20k_swin-t_upernet_nala-all.py': (seg.NaLaSwinTransformer, ('nala',) * 4),
+    'ade20k_segformer_mit-b0_nala-s12.py': (seg.NaLaMixVisionTransformer,
+                                            ('nala',) * 2 + ('softmax',) * 2),
+    'coco_swin-t_mask-rcnn_1x_nala-s12.py': (det.NaLaSwinTransformer,
+                                             ('nala',) * 2 + ('softmax',) * 2),
+    'coco_pvtv2-b0_retinanet_1x_nala-s12.py': (det.NaLaPyramidVisionTransformerV2,
+                                               ('nala',) * 2 + ('softmax',) * 2),
+}
+# the stock configs each one inherits, to check that nothing else changed
+STOCK = {
+    'ade20k_swin-t_upernet_nala-s12.py':
+        'mmseg::swin/swin-tiny-patch4-window7-in1k-pre_upernet_8xb2-160k_ade20k-512x512.py',
+    'ade20k_segformer_mit-b0_nala-s12.py':
+        'mmseg::segformer/segformer_mit-b0_8xb2-160k_ade20k-512x512.py',
+    'coco_swin-t_mask-rcnn_1x_nala-s12.py': 'mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_1x_coco.py',
+    'coco_pvtv2-b0_retinanet_1x_nala-s12.py': 'mmdet::pvt/retinanet_pvtv2-b0_fpn_1x_coco.py',
+}
+
+
+def stock_config(spec: str) -> Config:
+    """``'mmseg::path'`` -> the installed package's config."""
+    package, path = spec.split('::')
+    root = osp.dirname(__import__(package).__file__)
+    return Config.fromfile(osp.join(root, '.mim', 'configs', path))
+
+
+def unscoped(value):
+    """A config value without the ``_scope_`` keys mmengine adds on ``pkg::`` inheritance."""
+    if isinstance(value, dict):
+        return {k: unscoped(v) for k, v in value.items() if k != '_scope_'}
+    if isinstance(value, (list, tuple)):
+        return type(value)(unscoped(v) for v in value)
+    return value
+
+
+def test_the_five_configs_are_listed():
+    assert sorted(osp.basename(p) for p in glob.glob(str(SWAP / '*.py'))) == sorted(EXPECTED)
+
+
+@pytest.mark.parametrize('name', STOCK)
+def test_only_the_backbone_type_mixers_and_the_mixer_norm_decay_change(name):
+    ours = unscoped(Config.fromfile(str(SWAP / name)).to_dict())
+    stock = unscoped(stock_config(STOCK[name]).to_dict())
+    ours_backbone, stock_backbone = ours['model'].pop('backbone'), stock['model'].pop('backbone')
+    assert ours_backbone.pop('type') == EXPECTED[name][0].__name__
+    assert tuple(ours_backbone.pop('mixers')) == EXPECTED[name][1]
+    stock_backbone.pop('type')
+    assert ours_backbone == stock_backbone
+    assert ours['model'] == stock['model']
+    keys = ours['optim_wrapper'].pop('paramwise_cfg')['custom_keys']
+    assert keys.pop('mixer.ln') == dict(decay_mult=0.)
+    stock_paramwise = stock['optim_wrapper'].pop('paramwise_cfg', {})
+    assert keys == stock_paramwise.get('custom_keys', {})
+    assert ours['optim_wrapper'] == stock['optim_wrapper']
+    for key in ('train_dataloader', 'param_scheduler', 'train_cfg', 'val_evaluator'):
+        assert ours[key] == stock[key], key
+
+
+@pytest.mark.parametrize('name', sorted(EXPECTED))
+def test_optimizer_groups_of_the_mixers(name):
+    """No decay on the mixers' LayerNorm; no stock key (SegFormer's 'head' lr x10) catches a
+    backbone parameter by accident."""
+    cfg = Config.fromfile(str(SWAP / name))
+    init_default_scope(cfg.default_scope)
+    registry = __import__(f'{cfg.default_scope}.registry', fromlist=['MODELS']).MODELS
+    model = registry.build(cfg.model)
+    assert type(model.backbone) is EXPECTED[name][0]
+    wrapper = build_optim_wrapper(model, cfg.optim_wrapper)
+    names = {id(p): n for n, p in model.named_parameters()}
+    groups = {names[id(p)]: group for group in wrapper.optimizer.param_groups
+              for p in group['params']}
+    base_lr = cfg.optim_wrapper.optimizer.lr
+    mixer_params = [n for n in groups if '.mixer.' in n]
+    assert mixer_params
+    for param in mixer_params:
+        assert groups[param]['lr'] == base_lr, param
+        assert (groups[param]['weight_decay'] == 0) == ('.mixer.ln.' in param), param
+    assert all(groups[n]['lr'] == base_lr for n in groups if n.startswith('backbone.'))
+
+
+def _one_iteration_config(name: str, ade_root, coco_root, work_dir) -> Config:
+    cfg = Config.fromfile(str(SWAP / name))
+    cfg.work_dir = str(work_dir)
+    cfg.model.backbone.init_cfg = None  # the stock configs point at download URLs
+    cfg.train_cfg = dict(type='IterBasedTrainLoop', max_iters=1, val_interval=1000)
+    # two images: UperNet's pyramid pooling normalises a 1x1 map over the batch
+    cfg.train_dataloader.update(batch_size=2, num_workers=0, persistent_workers=False)
+    cfg.train_dataloader.sampler = dict(type='InfiniteSampler', shuffle=True)
+    cfg.param_scheduler = []
+    cfg.val_cfg = cfg.val_dataloader = cfg.val_evaluator = None
+    cfg.test_cfg = cfg.test_dataloader = cfg.test_evaluator = None
+    cfg.default_hooks.checkpoint = None
+    cfg.log_level = 'WARNING'
+    dataset = cfg.train_dataloader.dataset
+    if cfg.default_scope == 'mmseg':
+        dataset.data_root = str(ade_root)
+        cfg.model.data_preprocessor.size = (96, 96)
+        for step in dataset.pipeline:
+            if step.type == 'RandomResize':
+                step.scale = (192, 96)
+            if step.type == 'RandomCrop':
+                step.crop_size = (96, 96)
+    else:
+        dataset.data_root = f'{coco_root}/'
+        # the demo's four classes take COCO's first four label ids; the heads keep their 80
+        dataset.metainfo = dict(classes=('disc', 'square', 'triangle', 'star'))
+        for step in dataset.pipeline:
+            if step.type == 'Resize':
+                step.scale = (128, 128)
+    return cfg
+
+
+# The Swin-T ones (a 28M-parameter backbone under UperNet / Mask R-CNN, ~20 s each here) run
+# under make test-extended; MiT-B0 and PVTv2-B0 in make test.
+@pytest.mark.parametrize('name', [pytest.param(n, marks=pytest.mark.extended) if 'swin-t' in n
+                                  else n for n in sorted(EXPECTED)])
+def test_one_training_iteration_on_the_demo_data(name, tiny_ade, tiny_coco, tmp_path):
+    runner = Runner.from_cfg(_one_iteration_config(name, tiny_ade, tiny_coco, tmp_path))
+    before = {n: p.detach().clone() for n, p in runner.model.named_parameters()
+              if '.mixer.' in n}
+    runner.train()
+    loss = runner.message_hub.get_scalar('train/loss').current()
+    assert torch.isfinite(torch.tensor(loss)) and loss > 0
+    after = dict(runner.model.named_parameters())
+    assert all(not torch.equal(after[n], value) for n, value in before.items()
+               if n.endswith('qkvg.weight'))  # the step reached the swapped stages
