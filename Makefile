@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup test test-unit test-extended test-e2e demo demo-det bench ablation out-norm-study clean-demo
+.PHONY: setup test test-unit test-extended test-e2e demo demo-det bench ablation out-norm-study swap-bench swap-study clean-demo
 
 setup:
 	@bash tools/setup_env.sh
@@ -43,6 +43,14 @@ ablation: setup
 # Detection demo with / without the per-output LayerNorms, and a ResNet-18 (3 runs of 10 epochs).
 out-norm-study: setup
 	$(PY) benchmarks/out_norm_study.py
+
+# Stock Swin-T, MiT-B0 and PVTv2-B0 against their NaLa-swapped versions at 512/1024/2048 (~30 min).
+swap-bench: setup
+	$(PY) benchmarks/swap.py
+
+# A trained Swin's stages 1-2 swapped to NaLa and fine-tuned vs softmax continued, 3 seeds (~30 min).
+swap-study: setup
+	$(PY) benchmarks/swap_finetune.py
 
 clean-demo:
 	rm -rf data/demo work_dirs/demo*

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU readiness in one go: the chunked op against the written-out formulas (float64),
 # fast-vs-reference parity on CUDA in fp32 and under fp16 autocast, the
-# attention / backbone / segmentor benchmarks with --device cuda, and a 50-iteration AMP training
+# attention / backbone / segmentor / swapped-backbone benchmarks with --device cuda, and a 50-iteration AMP training
 # run of the demo segmentor. Results: benchmarks/results/*_cuda.*
 #
 #     bash benchmarks/gpu_check.sh            # from the repository root, environment set up
@@ -91,6 +91,8 @@ echo '== benchmarks'
 $PY benchmarks/attention.py --device cuda --sizes 64 128 256
 $PY benchmarks/backbone.py --device cuda --sizes 1024 2048 --train-sizes 512 1024 --repeats 10 --warmup 3
 $PY benchmarks/segmentor.py --device cuda --sizes 1024 2048 --train-sizes 512 --repeats 10 --warmup 3
+# stock Swin-T / MiT-B0 / PVTv2-B0 against their NaLa-swapped versions (docs/swap.md)
+$PY benchmarks/swap.py --device cuda --sizes 1024 2048 --repeats 10 --warmup 3
 
 echo '== 50-iteration AMP training run of the demo segmentor'
 $PY -c "from nala_mm.datasets.synthetic_ade import generate_ade_like; generate_ade_like('data/demo/ade/ADEChallengeData2016')"

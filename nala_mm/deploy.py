@@ -174,7 +174,8 @@ def build_exportable(config: str, checkpoint: Optional[str] = None, backbone_onl
     if backbone_only:
         backbone = model.backbone
         if not hasattr(backbone, 'out_indices'):
-            raise ValueError(f'--backbone-only expects a NaLaFormer backbone with out_indices; '
+            raise ValueError(f'--backbone-only expects a backbone with out_indices (NaLaFormer or '
+                             f'a swapped stock backbone of nala_mm.models.swap); '
                              f'{config} has {type(backbone).__name__}')
         return BackboneFeatures(backbone).eval(), [f'stage{i}' for i in backbone.out_indices]
     if scope != 'mmseg' or not hasattr(model, 'encode_decode'):

@@ -245,6 +245,29 @@ def test_semantic_fpn_exports_with_dynamic_sizes(tmp_path):
         assert rel_err(torch.from_numpy(logits), expected) <= TOLERANCE, size
 
 
+@pytest.mark.parametrize('config, cfg_options', [
+    ('ade20k_segformer_mit-b0_nala-s12.py', {}),
+    # Swin narrowed to keep the test quick; windowed stages 3-4 stay in the graph
+    ('coco_swin-t_mask-rcnn_1x_nala-s12.py',
+     {'model.backbone.embed_dims': 32, 'model.backbone.num_heads': [1, 2, 4, 8],
+      'model.backbone.depths': [1, 1, 2, 1], 'model.neck.in_channels': [32, 64, 128, 256]})])
+def test_swapped_stock_backbones_export(config, cfg_options, tmp_path):
+    """--backbone-only of a configs/swap/ config: NaLa stages and the stock attention stages
+    (Swin's shifted windows, MiT's spatial reduction) in one graph, within 1e-4 in ORT."""
+    need_onnx_runtime()
+    module, names = build_exportable(osp.join(REPO, 'configs', 'swap', config),
+                                     backbone_only=True, cfg_options=cfg_options)
+    path = str(tmp_path / 'backbone.onnx')
+    images = torch.randn(1, 3, 96, 128)
+    export(module, images, path, names, dynamic=False, exporter='torchscript')
+    outputs = ort_session(path).run(names, {'input': images.numpy()})
+    with torch.no_grad():
+        expected = module(images)
+    assert len(outputs) == 4
+    for actual, reference in zip(outputs, expected):
+        assert rel_err(torch.from_numpy(actual), reference) <= TOLERANCE
+
+
 @integration
 def test_tool_names_a_missing_checkpoint(tmp_path):
     missing = tmp_path / 'nowhere' / 'iter_160000.pth'

@@ -42,7 +42,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument('--out', required=True, help='the .onnx file to write')
     parser.add_argument('--dynamic', action='store_true', help='symbolic H and W')
     parser.add_argument('--backbone-only', action='store_true',
-                        help='export the NaLaFormer backbone: outputs stage{i} per out_indices')
+                        help='export the backbone (NaLaFormer, or Swin/MiT/PVTv2 with NaLa swapped '
+                             'in: configs/swap/): outputs stage{i} per out_indices')
     parser.add_argument('--batch', type=int, default=1, help='batch size B (static)')
     parser.add_argument('--exporter', choices=list(MIN_OPSET), default='dynamo',
                         help='torch.onnx.export(dynamo=True) (default) or the legacy TorchScript '

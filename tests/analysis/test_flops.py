@@ -335,3 +335,19 @@ def test_get_flops_tool_on_a_segmentor():
             f' softmax SDPA {giga(backbone["sdpa"])}\n') in stdout, stdout[-3000:]
     assert 'counted: segmentor: backbone + neck + decode head (mode=tensor)' in stdout
     assert '| module' in stdout  # mmengine's complexity table
+
+
+def test_swapped_stock_backbone_counts_its_nala_stages():
+    """MiT-B0 widths with NaLa in stages 1-2 at 64x64: 16x16 and 8x8 tokens, head dim 32; the
+    NaLa node's matmul work is 4*N*d^2 + 2*N*d per head and block (docs/method.md, 'Cost'), and
+    the stock stages' attention still counts (bmm)."""
+    from nala_mm.models.swap import seg
+    model = seg.NaLaMixVisionTransformer(mixers=('nala', 'nala', 'softmax', 'softmax'),
+                                         embed_dims=32, num_layers=[2, 2, 2, 2],
+                                         num_heads=[1, 2, 5, 8]).eval()
+    count = count_flops(model, (torch.randn(1, 3, 64, 64),))
+    stages = [(256, 1), (64, 2)]  # (tokens, heads) of the two NaLa stages, two blocks each
+    expected = sum(2 * heads * (4 * tokens * 32 ** 2 + 2 * tokens * 32)
+                   for tokens, heads in stages)
+    assert count.by_operator['attn_matmul'] == expected
+    assert count.by_operator['bmm'] > 0

@@ -1,0 +1,155 @@
+"""What swapping NaLa into a stock backbone costs: mmseg's Swin-T and SegFormer's MiT-B0 and
+mmdet's PVTv2-B0, each stock against its NaLa-swapped versions (nala_mm.models.swap), inference at
+512, 1024 and 2048 square.
+
+Per family, the models are timed in turns in one process (time ratio = median of per-round ratios
+against the stock parent) and each model's peak memory is taken in a fresh process of its own
+(benchmarks/common.py). Parameters and FLOPs (nala_mm.analysis.count_flops, which counts the
+swapped mixers' fast op) come from one traced forward per model and size. The NaLa mixers use the
+paper's cosine kernel (the 'nala' shorthand), as the configs in configs/swap/ do. Results:
+benchmarks/results/swap.{json,md,png}; discussed in docs/swap.md.
+
+    python benchmarks/swap.py                                  # everything (~20 min on 2 cores)
+    python benchmarks/swap.py --sizes 512 --families mit --repeats 2
+"""
+import argparse
+import json
+import os
+import os.path as osp
+from statistics import median
+from typing import Dict, List
+
+import torch
+from torch import nn
+
+from common import (RESULTS, device_name, fmt, in_turns, markdown_table, measure, run_cases,
+                    sweep_plot, write_json, write_markdown)
+
+NALA_12 = ('nala', 'nala', 'softmax', 'softmax')
+SWIN_T = dict(embed_dims=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24), window_size=7)
+B0 = dict(embed_dims=32, num_layers=[2, 2, 2, 2], num_heads=[1, 2, 5, 8])
+# family -> its models, the stock parent first (the reference of the family's ratios)
+FAMILIES: Dict[str, Dict[str, dict]] = {
+    'swin': {
+        'swin_t': dict(label='Swin-T (stock, windowed softmax)', mixers=None),
+        'swin_t_nala12': dict(label='Swin-T, NaLa in stages 1-2', mixers=NALA_12),
+        'swin_t_nala_all': dict(label='Swin-T, NaLa in all stages', mixers=('nala',) * 4),
+    },
+    'mit': {
+        'mit_b0': dict(label='MiT-B0 (stock, spatial-reduction softmax)', mixers=None),
+        'mit_b0_nala12': dict(label='MiT-B0, NaLa in stages 1-2', mixers=NALA_12),
+    },
+    'pvt': {
+        'pvtv2_b0': dict(label='PVTv2-B0 (stock, spatial-reduction softmax)', mixers=None),
+        'pvtv2_b0_nala12': dict(label='PVTv2-B0, NaLa in stages 1-2', mixers=NALA_12),
+    },
+}
+MODELS = {name: dict(spec, family=family) for family, models in FAMILIES.items()
+          for name, spec in models.items()}
+
+
+def build(name: str) -> nn.Module:
+    import nala_mm  # noqa: F401  (registers the swapped backbones)
+    from mmdet.models.backbones import PyramidVisionTransformerV2
+    from mmseg.models.backbones import MixVisionTransformer, SwinTransformer
+
+    from nala_mm.models.swap import det, seg
+    spec = MODELS[name]
+    stock, swapped, kwargs = {
+        'swin': (SwinTransformer, seg.NaLaSwinTransformer, SWIN_T),
+        'mit': (MixVisionTransformer, seg.NaLaMixVisionTransformer, B0),
+        'pvt': (PyramidVisionTransformerV2, det.NaLaPyramidVisionTransformerV2, B0),
+    }[spec['family']]
+    model = stock(**kwargs) if spec['mixers'] is None else swapped(mixers=spec['mixers'],
+                                                                   **kwargs)
+    model.eval()  # not chained: the stock Swin.train() returns None
+    return model
+
+
+def forward_step(name: str, side: int, mode: str, batch: int, device: str):
+    model = build(name).to(device)
+    image = torch.randn(batch, 3, side, side, device=device)
+
+    def forward() -> None:
+        with torch.no_grad():
+            model(image)
+    return forward
+
+
+def flops_and_params(name: str, sides: List[int]) -> dict:
+    from nala_mm.analysis import count_flops
+    model = build(name)
+    out = dict(params_m=sum(p.numel() for p in model.parameters()) / 1e6, gflops={})
+    for side in sides:
+        count = count_flops(model, (torch.randn(1, 3, side, side),))
+        out['gflops'][str(side)] = count.total / 1e9
+        out.setdefault('uncounted_ops', sorted(count.uncounted))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('--case', nargs=8, help=argparse.SUPPRESS)
+    parser.add_argument('--sizes', nargs='+', type=int, default=[512, 1024, 2048])
+    parser.add_argument('--families', nargs='+', choices=list(FAMILIES), default=list(FAMILIES))
+    parser.add_argument('--repeats', type=int, default=3, help='timed rounds in turns')
+    parser.add_argument('--warmup', type=int, default=1)
+    parser.add_argument('--device', default='cpu')
+    parser.add_argument('--timeout', type=int, default=3600)
+    parser.add_argument('--out', default=RESULTS)
+    args = parser.parse_args()
+    if args.case:  # child: one measurement; in turns, the first model is the reference
+        name, side, mode, batch, repeats, warmup, device, what = args.case
+        torch.manual_seed(0)
+        names = name.split('+')
+        if what == 'turns':
+            steps = {n: forward_step(n, int(side), mode, int(batch), device) for n in names}
+            print(json.dumps(in_turns(steps, names[0], int(repeats), int(warmup), device)))
+        else:
+            step = forward_step(name, int(side), mode, int(batch), device)
+            print(json.dumps(measure(step, what, int(repeats), int(warmup), device)))
+        return
+    script = osp.abspath(__file__)
+    rows, costs = [], {}
+    for family in args.families:
+        models = FAMILIES[family]
+        rows += run_cases(script, models, {'fwd': args.sizes}, {'fwd': 1}, args.repeats,
+                          args.warmup, args.device, args.timeout)
+        for name in models:  # traced here: the measurements above ran in their own processes
+            costs[name] = flops_and_params(name, args.sizes)
+    for row in rows:  # ratios against the family's stock parent at the same size
+        parent = next(iter(FAMILIES[MODELS[row['model']]['family']]))
+        ref = next(r for r in rows if r['model'] == parent and r['side'] == row['side'])
+        row['family'] = MODELS[row['model']]['family']
+        row['mib_ratio'] = (row['mib'] / ref['mib']) if row.get('mib') and ref.get('mib') \
+            else None
+        row['gflops'] = costs[row['model']].get('gflops', {}).get(str(row['side']))
+        row['params_m'] = costs[row['model']].get('params_m')
+
+    chosen = {name: MODELS[name] for family in args.families for name in FAMILIES[family]}
+    lines = [f'# Stock backbones with NaLa swapped in ({device_name(args.device)})', '',
+             f'torch {torch.__version__}; inference, batch 1, eval mode, no grad. Time: the models '
+             f'of a family timed in turns in one process, {args.repeats} rounds after '
+             f'{args.warmup} warm-up round(s); ratio = median of the per-round ratios against the '
+             'stock parent. Memory: peak of one forward above the baseline, each model in its own '
+             'process. FLOPs: nala_mm.analysis.count_flops (one multiply-add = one flop).', '']
+    lines += markdown_table(
+        ['model', 'side', 'params (M)', 'GFLOPs', 'median ms', 'time / stock', 'peak MiB',
+         'memory / stock', 'error'],
+        [[chosen[r['model']]['label'], r['side'], fmt(r['params_m'], 2), fmt(r['gflops'], 1),
+          fmt(r['ms']), fmt(r['ms_ratio'], 2), fmt(r['mib']), fmt(r['mib_ratio'], 2),
+          r.get('error', '')] for r in rows])
+    os.makedirs(args.out, exist_ok=True)
+    path = osp.join(args.out, 'swap' if args.device == 'cpu' else f'swap_{args.device}')
+    write_json(path + '.json', dict(device=device_name(args.device), torch=torch.__version__,
+                                    repeats=args.repeats, warmup=args.warmup,
+                                    models={k: v['label'] for k, v in chosen.items()},
+                                    costs=costs, rows=rows))
+    write_markdown(path + '.md', lines)
+    sweep_plot(rows, chosen, path + '.png')
+    print(open(path + '.md').read())
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,206 @@
+"""What a user switching a trained Swin to NaLa can expect: a small Swin + UperNet trained with
+its stock shifted-window softmax attention, then (a) stages 1-2 swapped to NaLa, the softmax
+weights carried over (nala_mm.models.swap), and fine-tuned, against (b) the same model continuing
+with softmax for the same iterations. Same seeds, data order and schedule in both arms.
+
+On the embedded demo data (make demo), where the ablation found the mixers do not separate, this
+measures how much of the trained model survives the swap and how fast it recovers, not a
+difference between the mixers. Every run trains in its own process through tools/train.py; the
+swapped model right after the swap (no fine-tuning) is evaluated through tools/test.py.
+Results: benchmarks/results/swap_finetune.{json,md,png}; discussed in docs/swap.md.
+
+    python benchmarks/swap_finetune.py                       # 3 seeds (make swap-study)
+    python benchmarks/swap_finetune.py --seeds 0 --pretrain-iters 40 --finetune-iters 20
+"""
+import argparse
+import json
+import os
+import os.path as osp
+import re
+import subprocess
+import sys
+import tempfile
+from statistics import mean, stdev
+from typing import Dict, List
+
+from common import RESULTS, pyplot, train_config
+
+REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
+DEMO = osp.join(REPO, 'configs', 'demo', 'ade20k_demo_nala_upernet.py')
+SWIN = dict(embed_dims=32, depths=(2, 2, 2, 2), num_heads=(1, 2, 4, 8), window_size=7,
+            drop_path_rate=0.1)
+ARMS = {
+    'softmax': dict(label='Swin, softmax continued', mixers=('softmax',) * 4),
+    'nala': dict(label='Swin, stages 1-2 swapped to NaLa and fine-tuned',
+                 mixers=('nala', 'nala', 'softmax', 'softmax')),
+}
+CONFIG = """_base_ = [{demo!r}]
+model = dict(
+    backbone=dict(_delete_=True, type='NaLaSwinTransformer', mixers={mixers!r}, init_cfg=None,
+                  **{swin!r}),
+    decode_head=dict(in_channels=[32, 64, 128, 256]), auxiliary_head=dict(in_channels=128))
+optim_wrapper = dict(paramwise_cfg=dict(custom_keys={{
+    'relative_position_bias_table': dict(decay_mult=0.), 'norm': dict(decay_mult=0.),
+    'mixer.ln': dict(decay_mult=0.)}}))
+randomness = dict(seed={seed})
+load_from = {load_from!r}
+max_iters = {iters}
+param_scheduler = [
+    dict(type='LinearLR', start_factor=1e-3, by_epoch=False, begin=0, end={warmup}),
+    dict(type='PolyLR', eta_min=0.0, power=1.0, begin={warmup}, end=max_iters, by_epoch=False),
+]
+train_cfg = dict(type='IterBasedTrainLoop', max_iters=max_iters, val_interval=max_iters)
+default_hooks = dict(logger=dict(type='LoggerHook', interval=25, log_metric_by_epoch=False),
+                     checkpoint=dict(type='CheckpointHook', by_epoch=False, interval=max_iters,
+                                     max_keep_ckpts=1))
+"""
+
+
+def config_text(arm: str, seed: int, iters: int, load_from) -> str:
+    return CONFIG.format(demo=DEMO, mixers=ARMS[arm]['mixers'], swin=SWIN, seed=seed,
+                         load_from=load_from, iters=iters, warmup=max(iters // 10, 1))
+
+
+def final_miou(run: dict) -> float:
+    if 'error' in run:
+        raise RuntimeError(run['error'])
+    return [r for r in run['records'] if 'mIoU' in r][-1]['mIoU']
+
+
+def swapped_checkpoint(config: str, softmax_checkpoint: str, out: str) -> str:
+    """The softmax model's checkpoint as the swapped model's: the backbone built with the
+    checkpoint as its ``Pretrained`` init (the carry-over), the heads loaded as they are."""
+    import torch
+    from mmengine.config import Config
+    from mmengine.registry import init_default_scope
+    from mmengine.runner import load_checkpoint
+
+    import nala_mm  # noqa: F401
+    from mmseg.registry import MODELS
+    cfg = Config.fromfile(config)
+    cfg.model.backbone.init_cfg = dict(type='Pretrained', checkpoint=softmax_checkpoint)
+    init_default_scope('mmseg')
+    model = MODELS.build(cfg.model)
+    model.backbone.init_weights()
+    state = torch.load(softmax_checkpoint, map_location='cpu', weights_only=False)['state_dict']
+    heads = {k: v for k, v in state.items() if not k.startswith('backbone.')}
+    missing, unexpected = model.load_state_dict(heads, strict=False)
+    if unexpected or [k for k in missing if not k.startswith('backbone.')]:
+        raise RuntimeError(f'heads did not load: missing {missing}, unexpected {unexpected}')
+    torch.save(dict(state_dict=model.state_dict(), meta=dict(converted_from=softmax_checkpoint)),
+               out)
+    return out
+
+
+def test_miou(config: str, checkpoint: str, work_dir: str) -> float:
+    proc = subprocess.run([sys.executable, osp.join(REPO, 'tools', 'test.py'), config, checkpoint,
+                           '--work-dir', work_dir], cwd=REPO, capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=REPO, PYTHONWARNINGS='ignore'))
+    if proc.returncode != 0:
+        raise RuntimeError(proc.stderr.strip().splitlines()[-1])
+    return float(re.findall(r'mIoU: ([\d.]+)', proc.stdout + proc.stderr)[-1])
+
+
+def one_seed(seed: int, pretrain_iters: int, finetune_iters: int, root: str) -> dict:
+    pretrain = train_config(config_text('softmax', seed, pretrain_iters, None),
+                            f'pretrain_seed{seed}', root)
+    result = dict(seed=seed, pretrained_mIoU=final_miou(pretrain),
+                  pretrain_seconds=pretrain['wall_seconds'])
+    softmax_ckpt = osp.join(root, f'pretrain_seed{seed}', f'iter_{pretrain_iters}.pth')
+    nala_config = osp.join(root, f'swapped_seed{seed}.py')
+    with open(nala_config, 'w') as f:
+        f.write(config_text('nala', seed, finetune_iters, None))
+    converted = swapped_checkpoint(nala_config, softmax_ckpt,
+                                   osp.join(root, f'swapped_seed{seed}.pth'))
+    result['swapped_before_finetune_mIoU'] = test_miou(nala_config, converted,
+                                                       osp.join(root, f'test_seed{seed}'))
+    for arm, start in (('softmax', softmax_ckpt), ('nala', converted)):
+        run = train_config(config_text(arm, seed, finetune_iters, start),
+                           f'{arm}_finetune_seed{seed}', root)
+        result[f'{arm}_mIoU'] = final_miou(run)
+        result[f'{arm}_seconds'] = run['wall_seconds']
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('--seeds', type=int, nargs='+', default=[0, 1, 2])
+    parser.add_argument('--pretrain-iters', type=int, default=300)
+    parser.add_argument('--finetune-iters', type=int, default=150)
+    parser.add_argument('--out', default=RESULTS)
+    args = parser.parse_args()
+    from mmengine.config import Config
+    from tqdm import tqdm
+
+    from nala_mm.datasets.synthetic_ade import generate_ade_like
+    # the demo's data, generated once (deterministic; a rerun reuses it)
+    generate_ade_like(osp.join(REPO, Config.fromfile(DEMO).train_dataloader.dataset.data_root))
+    runs: List[Dict] = []
+    with tempfile.TemporaryDirectory() as root:
+        for seed in tqdm(args.seeds, desc='seeds'):
+            runs.append(one_seed(seed, args.pretrain_iters, args.finetune_iters, root))
+            print(json.dumps(runs[-1]), flush=True)
+    deltas = [r['nala_mIoU'] - r['softmax_mIoU'] for r in runs]
+
+    def stat(key):
+        values = [r[key] for r in runs]
+        return dict(mean=mean(values), std=stdev(values) if len(values) > 1 else None)
+
+    summary = {key: stat(key) for key in ('pretrained_mIoU', 'swapped_before_finetune_mIoU',
+                                          'softmax_mIoU', 'nala_mIoU')}
+    summary['nala_minus_softmax'] = dict(mean=mean(deltas),
+                                         std=stdev(deltas) if len(deltas) > 1 else None,
+                                         per_seed=deltas)
+    payload = dict(data='embedded synthetic ADE20K-layout data (make demo)', backbone=SWIN,
+                   pretrain_iters=args.pretrain_iters, finetune_iters=args.finetune_iters,
+                   seeds=args.seeds, arms={k: v['label'] for k, v in ARMS.items()},
+                   runs=runs, summary=summary)
+    os.makedirs(args.out, exist_ok=True)
+    stem = osp.join(args.out, 'swap_finetune')
+    with open(stem + '.json', 'w') as f:
+        json.dump(payload, f, indent=2)
+
+    def cell(key):
+        s = summary[key]
+        return f"{s['mean']:.2f} ± {s['std'] or 0:.2f}"
+
+    lines = ['# Swapping a trained Swin to NaLa: recovery after the swap (embedded demo data)', '',
+             f"Swin (embed 32, depths 2-2-2-2, window 7) + UperNet, trained {args.pretrain_iters} "
+             f"iterations with softmax, then {args.finetune_iters} more in each arm (same schedule "
+             f"and seed); mIoU on the 40 validation images, seeds {args.seeds}.", '',
+             '| stage | mIoU mean ± std |', '|---|---|',
+             f'| softmax, after {args.pretrain_iters} iterations | {cell("pretrained_mIoU")} |',
+             f'| stages 1-2 swapped to NaLa, weights carried, no fine-tuning | '
+             f'{cell("swapped_before_finetune_mIoU")} |',
+             f'| softmax continued {args.finetune_iters} iterations | {cell("softmax_mIoU")} |',
+             f'| NaLa (stages 1-2) fine-tuned {args.finetune_iters} iterations | '
+             f'{cell("nala_mIoU")} |',
+             f'| NaLa − softmax at the same seed | {cell("nala_minus_softmax")} ('
+             + ', '.join(f'{d:+.2f}' for d in deltas) + ') |', '',
+             '| seed | softmax pretrained | swapped, no fine-tuning | softmax continued | '
+             'NaLa fine-tuned |', '|---|---|---|---|---|']
+    lines += [f"| {r['seed']} | {r['pretrained_mIoU']:.2f} | "
+              f"{r['swapped_before_finetune_mIoU']:.2f} | {r['softmax_mIoU']:.2f} | "
+              f"{r['nala_mIoU']:.2f} |" for r in runs]
+    with open(stem + '.md', 'w') as f:
+        f.write('\n'.join(lines) + '\n')
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for r in runs:
+        ax.plot([0, 1], [r['pretrained_mIoU'], r['softmax_mIoU']], color='tab:blue', marker='o',
+                label='softmax continued' if r is runs[0] else None)
+        ax.plot([0, 0.5, 1], [r['pretrained_mIoU'], r['swapped_before_finetune_mIoU'],
+                              r['nala_mIoU']], color='tab:orange', marker='o',
+                label='swapped to NaLa, fine-tuned' if r is runs[0] else None)
+    ax.set_xticks([0, 0.5, 1], ['softmax trained', 'right after swap', 'after fine-tuning'])
+    ax.set_ylabel('mIoU')
+    ax.set_title('Swin stages 1-2 swapped to NaLa (demo data)')
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(stem + '.png', dpi=120)
+    print(open(stem + '.md').read())
+
+
+if __name__ == '__main__':
+    main()
