@@ -9,14 +9,14 @@ swapped mixers' fast op) come from one traced forward per model and size. The Na
 paper's cosine kernel (the 'nala' shorthand), as the configs in configs/swap/ do. Results:
 benchmarks/results/swap.{json,md,png}; discussed in docs/swap.md.
 
-    python benchmarks/swap.py                                  # everything (~20 min on 2 cores)
+    python benchmarks/swap.py                                  # everything
+    taskset -c 0 python benchmarks/swap.py --threads 1         # one core of a shared machine
     python benchmarks/swap.py --sizes 512 --families mit --repeats 2
 """
 import argparse
 import json
 import os
 import os.path as osp
-from statistics import median
 from typing import Dict, List
 
 import torch
@@ -97,8 +97,15 @@ def main() -> None:
     parser.add_argument('--warmup', type=int, default=1)
     parser.add_argument('--device', default='cpu')
     parser.add_argument('--timeout', type=int, default=3600)
+    parser.add_argument('--threads', type=int,
+                        help='intra-op threads of every measuring process (default: torch\'s); '
+                             'on a shared machine pin the run to free cores with taskset and '
+                             'give as many threads')
     parser.add_argument('--out', default=RESULTS)
     args = parser.parse_args()
+    if args.threads:
+        os.environ['OMP_NUM_THREADS'] = str(args.threads)  # the measuring processes inherit it
+        torch.set_num_threads(args.threads)
     if args.case:  # child: one measurement; in turns, the first model is the reference
         name, side, mode, batch, repeats, warmup, device, what = args.case
         torch.manual_seed(0)

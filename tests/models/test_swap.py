@@ -1,6 +1,5 @@
 """NaLa inside mmseg's/mmdet's stock backbones: exactness of the untouched path, the weight
 carry-over from a stock checkpoint, global reach of a swapped stage, and clear errors."""
-import os.path as osp
 from typing import Callable, Dict, NamedTuple, Sequence, Set, Tuple
 
 import pytest

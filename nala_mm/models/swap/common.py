@@ -70,18 +70,19 @@ class SwappedAttentionMixin:
 
     # ------------------------------------------------------------------ shared
     def _swap_stages(self, mixers: Sequence[StageMixer], num_stages: int) -> None:
+        """Put the mixers in place (called at the end of the host's ``__init__``)."""
         self.mixers = tuple(mixers)
-        self._swapped_names: Dict[str, int] = {}
+        stage_of: Dict[int, int] = {}  # id of a swapped attention module -> its stage
         for stage, cfg in enumerate(resolve_stage_mixers(mixers, num_stages)):
             if cfg is None:
                 continue
             for block in self._stage_blocks(stage):
                 block.attn = self._global_attention(block.attn, cfg)
-        block_of = {id(block.attn): stage for stage in range(num_stages)
-                    for block in self._stage_blocks(stage)}
-        for name, module in self.named_modules():
-            if id(module) in block_of and hasattr(module, 'mixer'):
-                self._swapped_names[name] = block_of[id(module)]
+                stage_of[id(block.attn)] = stage
+        # names as the state dict spells them ('stages.0.blocks.1.attn') -> stage
+        self._swapped_names: Dict[str, int] = {
+            name: stage_of[id(module)] for name, module in self.named_modules()
+            if id(module) in stage_of}
 
     def _pretrained_checkpoint(self) -> Optional[str]:
         cfg = self.init_cfg

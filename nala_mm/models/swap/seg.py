@@ -5,11 +5,11 @@ from mmseg.models.backbones import MixVisionTransformer, SwinTransformer
 from torch import Tensor, nn
 
 from ...registry import register_model
+from ..nalaformer import build_mixer
 from .adapters import FullResolutionAttention, WindowFreeAttention
 from .carry_over import (SPATIAL_REDUCTION_ATTENTION, SWIN_WINDOW_ATTENTION,
                          resize_relative_position_tables)
 from .common import DEFAULT_SWAP_MIXERS, StageMixer, SwappedAttentionMixin
-from ..nalaformer import build_mixer
 
 
 def window_free(stock: nn.Module, mixer_cfg: dict) -> WindowFreeAttention:
