@@ -44,11 +44,12 @@ ablation: setup
 out-norm-study: setup
 	$(PY) benchmarks/out_norm_study.py
 
-# Stock Swin-T, MiT-B0 and PVTv2-B0 against their NaLa-swapped versions at 512/1024/2048 (~30 min).
+# Stock Swin-T, MiT-B0 and PVTv2-B0 against their NaLa-swapped versions at 512/1024/2048
+# (23 min measured on one pinned core: taskset -c 0 ... --threads 1, as docs/swap.md reports).
 swap-bench: setup
 	$(PY) benchmarks/swap.py
 
-# A trained Swin's stages 1-2 swapped to NaLa and fine-tuned vs softmax continued, 3 seeds (~30 min).
+# A trained Swin's stages 1-2 swapped to NaLa and fine-tuned vs softmax continued, 3 seeds (19 min).
 swap-study: setup
 	$(PY) benchmarks/swap_finetune.py
 

@@ -129,7 +129,8 @@ def measure(step: Step, what: str, repeats: int, warmup: int, device: str) -> di
 def device_name(device: str) -> str:
     if device == 'cuda':
         return torch.cuda.get_device_name()
-    return f'CPU, {torch.get_num_threads()} threads'
+    threads = torch.get_num_threads()
+    return f'CPU, {threads} thread{"s" if threads > 1 else ""}'
 
 
 # ------------------------------------------------------------------------------ processes

@@ -102,7 +102,12 @@ def main() -> None:
                              'on a shared machine pin the run to free cores with taskset and '
                              'give as many threads')
     parser.add_argument('--out', default=RESULTS)
+    parser.add_argument('--report', action='store_true',
+                        help='only redraw the table and plot from the saved JSON')
     args = parser.parse_args()
+    if args.report:
+        report(osp.join(args.out, 'swap' if args.device == 'cpu' else f'swap_{args.device}'))
+        return
     if args.threads:
         os.environ['OMP_NUM_THREADS'] = str(args.threads)  # the measuring processes inherit it
         torch.set_num_threads(args.threads)
@@ -135,28 +140,36 @@ def main() -> None:
         row['params_m'] = costs[row['model']].get('params_m')
 
     chosen = {name: MODELS[name] for family in args.families for name in FAMILIES[family]}
-    lines = [f'# Stock backbones with NaLa swapped in ({device_name(args.device)})', '',
-             f'torch {torch.__version__}; inference, batch 1, eval mode, no grad. Time: the models '
-             f'of a family timed in turns in one process, {args.repeats} rounds after '
-             f'{args.warmup} warm-up round(s); ratio = median of the per-round ratios against the '
-             'stock parent. Memory: peak of one forward above the baseline, each model in its own '
-             'process. FLOPs: nala_mm.analysis.count_flops (one multiply-add = one flop).', '']
-    lines += markdown_table(
-        ['model', 'side', 'params (M)', 'GFLOPs', 'median ms', 'time / stock', 'peak MiB',
-         'memory / stock', 'error'],
-        [[chosen[r['model']]['label'], r['side'], fmt(r['params_m'], 2), fmt(r['gflops'], 1),
-          fmt(r['ms']), fmt(r['ms_ratio'], 2), fmt(r['mib']), fmt(r['mib_ratio'], 2),
-          r.get('error', '')] for r in rows])
     os.makedirs(args.out, exist_ok=True)
     path = osp.join(args.out, 'swap' if args.device == 'cpu' else f'swap_{args.device}')
     write_json(path + '.json', dict(device=device_name(args.device), torch=torch.__version__,
                                     repeats=args.repeats, warmup=args.warmup,
                                     models={k: v['label'] for k, v in chosen.items()},
                                     costs=costs, rows=rows))
-    write_markdown(path + '.md', lines)
-    sweep_plot(rows, chosen, path + '.png')
-    print(open(path + '.md').read())
+    report(path)
 
+
+def report(path: str) -> None:
+    """``path.md`` and ``path.png`` from ``path.json`` (``--report`` redraws them alone)."""
+    with open(path + '.json') as f:
+        saved = json.load(f)
+    models = {name: dict(label=label) for name, label in saved['models'].items()}
+    lines = [f"# Stock backbones with NaLa swapped in ({saved['device']})", '',
+             f"torch {saved['torch']}; inference, batch 1, eval mode, no grad. Time: the models of "
+             f"a family timed in turns in one process, {saved['repeats']} rounds after "
+             f"{saved['warmup']} warm-up round(s); ratio = median of the per-round ratios against "
+             'the stock parent. Memory: peak of one forward above the baseline, each model in its '
+             'own process. FLOPs: nala_mm.analysis.count_flops (one multiply-add = one flop).', '']
+    errors = any('error' in r for r in saved['rows'])  # the column only when a case failed
+    lines += markdown_table(
+        ['model, input', 'params (M)', 'GFLOPs', 'median ms', 'time / stock', 'peak MiB',
+         'memory / stock'] + ['error'] * errors,
+        [[f"{models[r['model']]['label']}, {r['side']}²", fmt(r['params_m'], 2),
+          fmt(r['gflops'], 1), fmt(r['ms']), fmt(r['ms_ratio'], 2), fmt(r['mib']),
+          fmt(r['mib_ratio'], 2)] + [r.get('error', '')] * errors for r in saved['rows']])
+    write_markdown(path + '.md', lines)
+    sweep_plot(saved['rows'], models, path + '.png')
+    print(open(path + '.md').read())
 
 if __name__ == '__main__':
     main()

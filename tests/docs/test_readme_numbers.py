@@ -31,7 +31,7 @@ from tests.helpers import REPO
 
 RESULTS = 'benchmarks/results'
 PAGES = ('README.md', 'docs/method.md', 'docs/fidelity.md', 'docs/mixers.md', 'docs/speed.md',
-         'docs/deploy.md', 'docs/robustness.md', 'docs/demos.md')
+         'docs/deploy.md', 'docs/robustness.md', 'docs/demos.md', 'docs/swap.md')
 
 PAPER = 'NaLaFormer paper, arXiv:2506.21137 (cited on the page)'
 # Numbers a page may state without a results file, and why.
@@ -43,6 +43,12 @@ NOT_MEASURED: Dict[str, Dict[str, str]] = {
         **{top1: f'ImageNet-1K top-1, {PAPER}' for top1 in ('79.1', '82.6', '84.3', '85.2',
                                                               '85.7')}},
     'docs/fidelity.md': {'2506.21137': 'the paper\'s arXiv id'},
+    'docs/swap.md': {
+        '2308.00442': 'FLatten Transformer\'s arXiv id', '2312.08874': 'Agent Attention\'s arXiv id',
+        **{value: 'ADE20K mIoU / COCO AP of Swin-T, FLatten-Swin-T and Agent-Swin-T as their '
+                  'papers report them (cited on the page)'
+           for value in ('44.51', '44.82', '46.68', '43.7', '39.8', '44.2', '40.2', '44.6',
+                         '40.7')}},
 }
 
 
@@ -313,7 +319,33 @@ def amp() -> Quotes:
 
 
 # results file -> the builder of what the pages quote from it
+def swap() -> Quotes:
+    saved = load('swap.json')
+    rows = {(r['model'], r['side']): r for r in saved['rows']}
+    assert all(r.get('ms') is not None and r.get('mib') is not None for r in rows.values()), \
+        'docs/swap.md quotes every model at every size'
+    all_nala, nala12 = rows[('swin_t_nala_all', 2048)], rows[('swin_t_nala12', 2048)]
+    mit = rows[('mit_b0_nala12', 2048)]
+    return {'docs/swap.md': verbatim('swap.md') + [
+                Quote(f"{saved['repeats']} rounds after a"),
+                # the run's thread count, as the page's command gives it ('CPU, 1 thread')
+                Quote(f"--threads {saved['device'].split()[1]}")],
+            'README.md': [
+                Quote(f"one pinned core | {f2(nala12['ms_ratio'])} of the time, "
+                      f"{f2(nala12['mib_ratio'])} of the peak memory (NaLa in all stages: "
+                      f"{f2(all_nala['ms_ratio'])} and {f2(all_nala['mib_ratio'])}) |"),
+                Quote(f"one pinned core | {f2(mit['ms_ratio'])} of the time, "
+                      f"{f2(mit['mib_ratio'])} of the peak memory |")]}
+
+
+def swap_finetune() -> Quotes:
+    saved = load('swap_finetune.json')
+    assert len(saved['runs']) >= 3, 'the study needs >= 3 seeds'
+    return {'docs/swap.md': verbatim('swap_finetune.md')}
+
+
 QUOTES: Dict[str, Callable[[], Quotes]] = {
+    'swap.json': swap, 'swap_finetune.json': swap_finetune,
     'demo_seg.json': demo_seg, 'demo_det.json': demo_det, 'out_norm_study.json': out_norm_study,
     'ablation.json': ablation, 'flops_variants.md': flops_variants, 'attention.json': attention,
     'backbone.json': backbone, 'segmentor.json': segmentor,
