@@ -46,8 +46,9 @@ def test_every_segmentation_config_builds_its_model(path):
     backbone = build_on_meta(cfg).backbone
     # the first module after the backbone is wired to the variant's channels
     first = cfg.model.neck if 'neck' in cfg.model else cfg.model.decode_head
-    assert list(first.in_channels) == list(backbone.embed_dims)
-    if 'auxiliary_head' in cfg.model:
+    # the stages the backbone returns (the long-range task decodes stage 1 alone)
+    assert list(first.in_channels) == [backbone.embed_dims[i] for i in backbone.out_indices]
+    if cfg.model.get('auxiliary_head') is not None:
         assert cfg.model.auxiliary_head.in_channels == backbone.embed_dims[2]
 
 

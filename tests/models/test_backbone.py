@@ -143,8 +143,10 @@ def test_a_state_dict_of_the_earlier_layout_loads_strictly_and_computes_the_same
     with torch.no_grad():
         outs = model(saved['input'].float())
     assert len(outs) == len(saved['outputs']) == 4
+    # float32 rounding only: the kernels' summation order depends on the thread count (1 thread
+    # differs from the file's 2 by up to 1.3e-6)
     for out, expected in zip(outs, saved['outputs']):
-        torch.testing.assert_close(out, expected, rtol=0, atol=1e-6)
+        torch.testing.assert_close(out, expected, rtol=0, atol=1e-5)
 
 
 def build_quietly(**kwargs) -> NaLaFormer:
@@ -208,7 +210,7 @@ def test_deprecated_arguments_reproduce_the_earlier_checkpoint():
     model.load_state_dict(saved['state_dict'], strict=True)
     with torch.no_grad():
         torch.testing.assert_close(model(saved['input'].float())[3], saved['outputs'][3],
-                                   rtol=0, atol=1e-6)
+                                   rtol=0, atol=1e-5)  # thread-count rounding, as above
 
 
 @pytest.mark.parametrize('head_dim', [4, 8, 12, 16, 32, 64])
