@@ -172,14 +172,17 @@ class NormAwareLinearAttention(_KernelizedMixer):
         alpha, lam, tau, eps: see :class:`nala_mm.ops.NaLaConfig`.
         norm_aware: ``False`` fixes the query exponent at ``fixed_power`` (ablation: the output
             then no longer depends on the query norm).
+        query_norm: ``'raw'`` (paper): the exponent reads ``tanh ||q||``; ``'rms'``: it reads
+            ``tanh(||q|| / sqrt(d))``, which stays responsive at larger query norms.
         mode: see :class:`GatedAttention`.
     """
 
     def __init__(self, embed_dims: int, num_heads: int, kernel: str = 'cosine',
                  alpha: float = 20.0, lam: float = 3.0, tau: float = 0.5, eps: float = 1e-6,
-                 norm_aware: bool = True, fixed_power: float = 3.0, **kwargs):
+                 norm_aware: bool = True, fixed_power: float = 3.0, query_norm: str = 'raw',
+                 **kwargs):
         cfg = NaLaConfig(kernel=kernel, alpha=alpha, lam=lam, tau=tau, eps=eps,
-                         norm_aware=norm_aware, fixed_power=fixed_power)
+                         norm_aware=norm_aware, fixed_power=fixed_power, query_norm=query_norm)
         super().__init__(embed_dims, num_heads, *cfg.feature_maps(), eps, **kwargs)
         self.cfg = cfg
 

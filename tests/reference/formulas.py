@@ -78,11 +78,14 @@ def _split(magnitude: Tensor, x: Tensor, kernel: str, alpha: float) -> Tensor:
 
 
 def nala_query_features(q: Tensor, kernel: str, alpha: float = 20.0, lam: float = 3.0,
-                        tau: float = 0.5, fixed_power: Optional[float] = None) -> Tensor:
+                        tau: float = 0.5, fixed_power: Optional[float] = None,
+                        rms: bool = False) -> Tensor:
+    """``rms``: the exponent reads the components' root mean square, ``||q|| / sqrt(d)``."""
     rho = q.norm(dim=-1, keepdim=True)
     safe = torch.where(rho > 0, rho, torch.ones_like(rho))
     u = torch.where(rho > 0, q / safe, torch.zeros_like(q))
-    p = lam * (tau + torch.tanh(rho)) if fixed_power is None else torch.full_like(rho, fixed_power)
+    read = (q.square().mean(dim=-1, keepdim=True)).sqrt() if rms else rho
+    p = lam * (tau + torch.tanh(read)) if fixed_power is None else torch.full_like(rho, fixed_power)
     return _split(u.abs() ** p, u, kernel, alpha)
 
 
@@ -119,9 +122,9 @@ def kernelized(phi_q: Tensor, phi_k: Tensor, v: Tensor, eps: float = 1e-6,
 def nala(q: Tensor, k: Tensor, v: Tensor, kernel: str = 'cosine', alpha: float = 20.0,
          lam: float = 3.0, tau: float = 0.5, eps: float = 1e-6,
          rope: Optional[Tuple[Tensor, Tensor]] = None,
-         fixed_power: Optional[float] = None) -> Tensor:
+         fixed_power: Optional[float] = None, rms: bool = False) -> Tensor:
     """Norm-aware linear attention on ``(B, heads, N, d)``."""
-    return kernelized(nala_query_features(q, kernel, alpha, lam, tau, fixed_power),
+    return kernelized(nala_query_features(q, kernel, alpha, lam, tau, fixed_power, rms),
                       nala_key_features(k, kernel, alpha), v, eps, rope)
 
 

@@ -9,7 +9,8 @@ positive part only, an ablation).
 from dataclasses import dataclass
 from typing import Tuple
 
-from .feature_maps import SIGN_SPLITS, CubedKey, NormAwareQuery, build_sign_split
+from .feature_maps import (QUERY_NORMS, SIGN_SPLITS, CubedKey, NormAwareQuery,
+                           build_sign_split)
 
 KERNELS = tuple(SIGN_SPLITS)
 
@@ -26,6 +27,10 @@ class NaLaConfig:
     norm_aware:  ``False`` replaces ``p(rho)`` by ``fixed_power`` (ablation: the output then no
                  longer depends on the query norm).
     fixed_power: the exponent without norm awareness; 3 is the middle of ``p``'s range [1.5, 4.5).
+    query_norm:  what ``tanh`` reads: ``'raw'`` the query norm ``||q||`` (paper, released code) or
+                 ``'rms'`` its root mean square over the head dim, ``||q|| / sqrt(d)`` (a variant
+                 that keeps the exponent responsive where trained queries' norms sit past
+                 tanh's knee; docs/longrange.md).
     """
     kernel: str = 'cosine'
     alpha: float = 20.0
@@ -34,6 +39,7 @@ class NaLaConfig:
     eps: float = 1e-6
     norm_aware: bool = True
     fixed_power: float = 3.0
+    query_norm: str = 'raw'
 
     def __post_init__(self):
         if self.kernel not in KERNELS:
@@ -46,10 +52,14 @@ class NaLaConfig:
             raise ValueError(f'NaLa tau must be >= 0 (the power must stay positive), got tau={self.tau}')
         if not self.eps > 0:
             raise ValueError(f'NaLa eps must be > 0, got eps={self.eps}')
+        if self.query_norm not in QUERY_NORMS:
+            raise ValueError(f'NaLa query_norm must be one of {QUERY_NORMS}, got '
+                             f'query_norm={self.query_norm!r}')
         if not isinstance(self.norm_aware, bool):
             raise TypeError(f'NaLa norm_aware must be True or False, got {self.norm_aware!r}')
 
     def feature_maps(self) -> Tuple[NormAwareQuery, CubedKey]:
         split = build_sign_split(self.kernel, self.alpha)
-        return (NormAwareQuery(split, self.lam, self.tau, self.norm_aware, self.fixed_power),
+        return (NormAwareQuery(split, self.lam, self.tau, self.norm_aware, self.fixed_power,
+                               self.query_norm),
                 CubedKey(split))

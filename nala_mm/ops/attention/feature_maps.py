@@ -207,36 +207,52 @@ class FeatureMap:
         raise NotImplementedError
 
 
+# what the exponent's tanh reads: the query norm itself, or its root mean square over the head
+# dim (||q|| / sqrt(d))
+QUERY_NORMS = ('raw', 'rms')
+
+
 class NormAwareQuery(FeatureMap):
     """NaLa's query feature: the direction ``u = q/||q||`` raised per token to
-    ``p = lam (tau + tanh ||q||)`` (or a fixed ``p`` without norm awareness), then split."""
+    ``p = lam (tau + tanh(||q|| / s))`` (or a fixed ``p`` without norm awareness), then split.
+    ``s`` is 1 (``query_norm='raw'``, the paper) or ``sqrt(d)`` (``'rms'``)."""
     # norm, divide, power, angle, cos and sin, two products: ~8 per component, shared by its
     # two outputs (the relu split does less; counted alike so the count depends on shapes)
     flops_per_feature = 4
 
     def __init__(self, split: SignSplit, lam: float, tau: float, norm_aware: bool = True,
-                 fixed_power: float = 3.0):
+                 fixed_power: float = 3.0, query_norm: str = 'raw'):
+        if query_norm not in QUERY_NORMS:
+            raise ValueError(f'query_norm must be one of {QUERY_NORMS}, got {query_norm!r}')
         self.split, self.lam, self.tau = split, lam, tau
         self.norm_aware, self.fixed_power = norm_aware, fixed_power
+        self.query_norm = query_norm
         self.expansion = split.expansion
 
-    def power(self, rho: Tensor) -> Tensor:
+    def norm_scale(self, dims: int) -> float:
+        """``s``: what the query norm is measured against before tanh."""
+        return math.sqrt(dims) if self.query_norm == 'rms' else 1.0
+
+    def power(self, rho: Tensor, dims: int) -> Tensor:
+        """The exponent of queries of norm ``rho`` and head dim ``dims``."""
         if self.norm_aware:
-            return torch.tanh(rho).add(self.tau).mul(self.lam)
+            return torch.tanh(rho / self.norm_scale(dims)).add(self.tau).mul(self.lam)
         return torch.full_like(rho, self.fixed_power)
 
     def forward(self, q):
         rho, direction = _unit(q)
-        return self.split.split(direction.abs() ** self.power(rho), direction, direction)
+        return self.split.split(direction.abs() ** self.power(rho, q.shape[-1]), direction,
+                                direction)
 
     def forward_(self, q):
         rho, direction = _unit(q)
-        return self.split.split_(_power_of_abs(direction, self.power(rho)), direction,
-                                 direction)
+        return self.split.split_(_power_of_abs(direction, self.power(rho, q.shape[-1])),
+                                 direction, direction)
 
     def backward(self, q, d_features):
         rho, direction = _unit(q)
-        power = self.power(rho)
+        scale = self.norm_scale(q.shape[-1])
+        power = self.power(rho, q.shape[-1])
         log_abs = _log_abs(direction)  # shared by m = exp(p log|u|) and dm/dp = m log|u|
         magnitude = torch.mul(log_abs, power).exp_()
         d_magnitude, d_angle = self.split.split_backward(d_features, magnitude, direction,
@@ -247,7 +263,9 @@ class NormAwareQuery(FeatureMap):
         d_rho = None
         if self.norm_aware:
             d_power = log_abs.mul_(weighted).sum(-1, keepdim=True)
-            d_rho = d_power.mul_(torch.tanh(rho).square_().neg_().add_(1.0)).mul_(self.lam)
+            # d/drho lam tanh(rho / s) = lam (1 - tanh^2(rho / s)) / s
+            d_rho = d_power.mul_(torch.tanh(rho / scale).square_().neg_().add_(1.0)).mul_(
+                self.lam / scale)
         del log_abs
         safe_direction = direction + (direction == 0)
         d_u = weighted.div_(safe_direction).mul_(power)
@@ -256,8 +274,9 @@ class NormAwareQuery(FeatureMap):
         return _through_normalisation(d_u, direction, rho, d_rho)
 
     def __repr__(self) -> str:
-        power = (f'p=lam(tau+tanh|q|), lam={self.lam:g}, tau={self.tau:g}' if self.norm_aware
-                 else f'p={self.fixed_power:g} (not norm-aware)')
+        reads = '|q|' if self.query_norm == 'raw' else '|q|/sqrt(d)'
+        power = (f'p=lam(tau+tanh {reads}), lam={self.lam:g}, tau={self.tau:g}'
+                 if self.norm_aware else f'p={self.fixed_power:g} (not norm-aware)')
         return f'NormAwareQuery({self.split!r}, {power})'
 
 
