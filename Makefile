@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup test test-unit test-extended test-e2e demo demo-det bench ablation out-norm-study swap-bench swap-study clean-demo
+.PHONY: setup test test-unit test-extended test-e2e demo demo-det bench ablation out-norm-study swap-bench swap-study longrange-data longrange clean-demo
 
 setup:
 	@bash tools/setup_env.sh
@@ -52,6 +52,15 @@ swap-bench: setup
 # A trained Swin's stages 1-2 swapped to NaLa and fine-tuned vs softmax continued, 3 seeds (19 min).
 swap-study: setup
 	$(PY) benchmarks/swap_finetune.py
+
+# The long-range exemplar task's data (ADE20K layout under data/longrange, deterministic).
+longrange-data: setup
+	$(PY) -m nala_mm.datasets.longrange
+
+# Nine token mixers x three seeds on the long-range task, with the attention statistics
+# (48 min measured on the shared 2-core CPU, one thread per run).
+longrange: setup
+	$(PY) benchmarks/longrange.py
 
 clean-demo:
 	rm -rf data/demo work_dirs/demo*
