@@ -126,8 +126,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--seeds', type=int, nargs='+', default=[0, 1, 2])
-    parser.add_argument('--pretrain-iters', type=int, default=200)
-    parser.add_argument('--finetune-iters', type=int, default=100)
+    parser.add_argument('--pretrain-iters', type=int, default=1000)
+    parser.add_argument('--finetune-iters', type=int, default=300)
     parser.add_argument('--out', default=RESULTS)
     args = parser.parse_args()
     from mmengine.config import Config
