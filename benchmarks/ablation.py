@@ -19,7 +19,7 @@ import tempfile
 from statistics import mean, stdev
 from typing import Dict, List
 
-from common import train_config
+from common import mixer_sweep_config, train_config
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 RESULTS = osp.join(REPO, 'benchmarks', 'results')
@@ -36,26 +36,10 @@ VARIANTS: Dict[str, dict] = {
                    mixer=dict(type='LinearAttention', feature_map='relu')),
     'softmax': dict(label='softmax attention', mixer=dict(type='SoftmaxAttention')),
 }
-CONFIG = """_base_ = [{demo!r}]
-model = dict(backbone=dict(mixers=[{mixer!r}] * 4))
-randomness = dict(seed={seed})
-max_iters = {iters}
-param_scheduler = [
-    dict(type='LinearLR', start_factor=1e-3, by_epoch=False, begin=0, end={warmup}),
-    dict(type='PolyLR', eta_min=0.0, power=1.0, begin={warmup}, end=max_iters, by_epoch=False),
-]
-train_cfg = dict(type='IterBasedTrainLoop', max_iters=max_iters, val_interval=max_iters)
-default_hooks = dict(logger=dict(type='LoggerHook', interval={log_interval},
-                                log_metric_by_epoch=False),
-                     checkpoint=dict(type='CheckpointHook', by_epoch=False, interval=max_iters,
-                                     max_keep_ckpts=1))
-"""
 
 
 def run_one(variant: str, seed: int, iters: int, work_root: str) -> dict:
-    run = train_config(CONFIG.format(demo=DEMO, mixer=VARIANTS[variant]['mixer'], seed=seed,
-                                     iters=iters, warmup=max(iters // 10, 1),
-                                     log_interval=max(min(50, iters // 4), 1)),
+    run = train_config(mixer_sweep_config(DEMO, VARIANTS[variant]['mixer'], seed, iters),
                        f'{variant}_seed{seed}', work_root)
     if 'error' in run:
         return dict(variant=variant, seed=seed, error=run['error'])

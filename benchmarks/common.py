@@ -175,6 +175,32 @@ def train_config(config_text: str, name: str, work_root: str) -> dict:
     return dict(records=records, wall_seconds=wall)
 
 
+MIXER_SWEEP_CONFIG = """_base_ = [{base!r}]
+model = dict(backbone=dict(mixers=[{mixer!r}] * 4))
+randomness = dict(seed={seed})
+max_iters = {iters}
+param_scheduler = [
+    dict(type='LinearLR', start_factor=1e-3, by_epoch=False, begin=0, end={warmup}),
+    dict(type='PolyLR', eta_min=0.0, power=1.0, begin={warmup}, end=max_iters, by_epoch=False),
+]
+train_cfg = dict(type='IterBasedTrainLoop', max_iters=max_iters, val_interval=max_iters)
+default_hooks = dict(logger=dict(type='LoggerHook', interval={log_interval},
+                                log_metric_by_epoch=False),
+                     checkpoint=dict(type='CheckpointHook', by_epoch=False, interval=max_iters,
+                                     max_keep_ckpts=1))
+"""
+
+
+def mixer_sweep_config(base: str, mixer: dict, seed: int, iters: int,
+                       log_every: int = 50) -> str:
+    """A config that trains ``base`` with ``mixer`` in all four stages for ``iters`` iterations
+    (warm-up over the first tenth, then poly decay), seeded, evaluated and saved once at the
+    end: one run of a mixer comparison (ablation.py, longrange.py)."""
+    return MIXER_SWEEP_CONFIG.format(base=base, mixer=mixer, seed=seed, iters=iters,
+                                     warmup=max(iters // 10, 1),
+                                     log_interval=max(min(log_every, iters // 4), 1))
+
+
 # ------------------------------------------------------------------------------ writers
 def write_json(path: str, payload: dict) -> None:
     with open(path, 'w') as f:

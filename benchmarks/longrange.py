@@ -32,7 +32,7 @@ import time
 from statistics import mean, stdev
 from typing import Dict, List, Optional, Tuple
 
-from common import train_config
+from common import mixer_sweep_config, train_config
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 RESULTS = osp.join(REPO, 'benchmarks', 'results')
@@ -67,20 +67,6 @@ VARIANTS: Dict[str, dict] = {
 }
 # the attention-row picture: one query, these mixers side by side
 PICTURE = ('nala-cosine', 'linear-relu', 'softmax')
-CONFIG = """_base_ = [{base!r}]
-model = dict(backbone=dict(mixers=[{mixer!r}] * 4))
-randomness = dict(seed={seed})
-max_iters = {iters}
-param_scheduler = [
-    dict(type='LinearLR', start_factor=1e-3, by_epoch=False, begin=0, end={warmup}),
-    dict(type='PolyLR', eta_min=0.0, power=1.0, begin={warmup}, end=max_iters, by_epoch=False),
-]
-train_cfg = dict(type='IterBasedTrainLoop', max_iters=max_iters, val_interval=max_iters)
-default_hooks = dict(logger=dict(type='LoggerHook', interval={log_interval},
-                                log_metric_by_epoch=False),
-                     checkpoint=dict(type='CheckpointHook', by_epoch=False, interval=max_iters,
-                                     max_keep_ckpts=1))
-"""
 
 
 def parse_mixer(text: str) -> dict:
@@ -99,8 +85,7 @@ def parse_mixer(text: str) -> dict:
 
 
 def config_text(mixer: dict, seed: int, iters: int) -> str:
-    return CONFIG.format(base=CONFIG_PATH, mixer=mixer, seed=seed, iters=iters,
-                         warmup=max(iters // 10, 1), log_interval=max(min(100, iters // 4), 1))
+    return mixer_sweep_config(CONFIG_PATH, mixer, seed, iters, log_every=100)
 
 
 # ------------------------------------------------------------------------------ one run

@@ -25,6 +25,14 @@ def rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
     return ((actual - expected).norm() / expected.norm()).item()
 
 
+def value_and_grads(fn, q, k, v, weights):
+    """``fn(q, k, v)`` and the gradients of ``sum(fn * weights)`` w.r.t. q, k, v, flat:
+    ``(out, dq, dk, dv)`` (a parity check compares the four)."""
+    q, k, v = (t.clone().requires_grad_(True) for t in (q, k, v))
+    out = fn(q, k, v)
+    return (out.detach(), *torch.autograd.grad((out * weights).sum(), (q, k, v)))
+
+
 def tool_env(**extra) -> dict:
     return dict(os.environ, PYTHONPATH=str(REPO), PYTHONWARNINGS='ignore', **extra)
 

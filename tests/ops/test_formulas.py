@@ -8,6 +8,7 @@ import torch
 
 from nala_mm.ops import (NaLaConfig, build_plain_feature_map, kernelized_attention,
                          nala_attention, rope_table)
+from tests.helpers import value_and_grads
 from tests.reference import formulas
 
 TOL = 1e-6
@@ -27,11 +28,6 @@ def _inputs(query_norm: float, seed: int, heads: int = 2, dims: int = 8):
     return q, k, v, weights
 
 
-def _value_and_grads(fn, q, k, v, weights):
-    q, k, v = (t.clone().requires_grad_(True) for t in (q, k, v))
-    out = fn(q, k, v)
-    grads = torch.autograd.grad((out * weights).sum(), (q, k, v))
-    return out.detach(), grads
 
 
 def _assert_close(got, want):
@@ -48,11 +44,11 @@ def test_nala_meets_its_formula(mode, use_rope, query_norm, kernel, alpha):
     q, k, v, weights = _inputs(query_norm, seed=int(alpha) + len(kernel))
     rope = formulas.rope_tables(HEIGHT, WIDTH, q.shape[-1]) if use_rope else None
     cfg = NaLaConfig(kernel=kernel, alpha=alpha)
-    got = _value_and_grads(lambda a, b, c: nala_attention(a, b, c, cfg, rope, mode, chunk=CHUNK),
+    got = value_and_grads(lambda a, b, c: nala_attention(a, b, c, cfg, rope, mode, chunk=CHUNK),
+                          q, k, v, weights)
+    want = value_and_grads(lambda a, b, c: formulas.nala(a, b, c, kernel, alpha, rope=rope),
                            q, k, v, weights)
-    want = _value_and_grads(lambda a, b, c: formulas.nala(a, b, c, kernel, alpha, rope=rope),
-                            q, k, v, weights)
-    for g, w in zip((got[0], *got[1]), (want[0], *want[1])):
+    for g, w in zip(got, want):
         _assert_close(g, w)
 
 
@@ -61,12 +57,12 @@ def test_nala_without_norm_awareness_meets_its_formula(mode):
     q, k, v, weights = _inputs(1.0, seed=3)
     rope = formulas.rope_tables(HEIGHT, WIDTH, q.shape[-1])
     cfg = NaLaConfig(kernel='cosine', norm_aware=False, fixed_power=2.5)
-    got = _value_and_grads(lambda a, b, c: nala_attention(a, b, c, cfg, rope, mode, chunk=CHUNK),
-                           q, k, v, weights)
-    want = _value_and_grads(
+    got = value_and_grads(lambda a, b, c: nala_attention(a, b, c, cfg, rope, mode, chunk=CHUNK),
+                          q, k, v, weights)
+    want = value_and_grads(
         lambda a, b, c: formulas.nala(a, b, c, 'cosine', rope=rope, fixed_power=2.5),
         q, k, v, weights)
-    for g, w in zip((got[0], *got[1]), (want[0], *want[1])):
+    for g, w in zip(got, want):
         _assert_close(g, w)
 
 
@@ -77,12 +73,12 @@ def test_linear_attention_meets_its_formula(mode, use_rope, feature_map):
     q, k, v, weights = _inputs(1.5, seed=7)
     rope = formulas.rope_tables(HEIGHT, WIDTH, q.shape[-1]) if use_rope else None
     phi = build_plain_feature_map(feature_map)
-    got = _value_and_grads(
+    got = value_and_grads(
         lambda a, b, c: kernelized_attention(a, b, c, phi, phi, 1e-6, rope, mode, CHUNK),
         q, k, v, weights)
-    want = _value_and_grads(lambda a, b, c: formulas.linear(a, b, c, feature_map, rope=rope),
-                            q, k, v, weights)
-    for g, w in zip((got[0], *got[1]), (want[0], *want[1])):
+    want = value_and_grads(lambda a, b, c: formulas.linear(a, b, c, feature_map, rope=rope),
+                           q, k, v, weights)
+    for g, w in zip(got, want):
         _assert_close(g, w)
 
 

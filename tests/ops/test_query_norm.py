@@ -10,6 +10,7 @@ import torch
 
 from nala_mm.models import NormAwareLinearAttention
 from nala_mm.ops import NaLaConfig, nala_attention
+from tests.helpers import value_and_grads
 from tests.reference import formulas
 
 TOL = 1e-6
@@ -30,10 +31,6 @@ def _inputs(query_norm: float, seed: int):
     return q, k, v, weights
 
 
-def _value_and_grads(fn, q, k, v, weights):
-    q, k, v = (t.clone().requires_grad_(True) for t in (q, k, v))
-    out = fn(q, k, v)
-    return (out.detach(), *torch.autograd.grad((out * weights).sum(), (q, k, v)))
 
 
 @pytest.mark.parametrize('mode', ['fast', 'reference'])
@@ -44,10 +41,10 @@ def test_rms_exponent_meets_its_formula(mode, use_rope, query_norm, kernel):
     q, k, v, weights = _inputs(query_norm, seed=len(kernel) + int(query_norm))
     rope = formulas.rope_tables(HEIGHT, WIDTH, DIMS) if use_rope else None
     cfg = NaLaConfig(kernel=kernel, query_norm='rms')
-    got = _value_and_grads(lambda a, b, c: nala_attention(a, b, c, cfg, rope, mode, chunk=CHUNK),
+    got = value_and_grads(lambda a, b, c: nala_attention(a, b, c, cfg, rope, mode, chunk=CHUNK),
+                          q, k, v, weights)
+    want = value_and_grads(lambda a, b, c: formulas.nala(a, b, c, kernel, rope=rope, rms=True),
                            q, k, v, weights)
-    want = _value_and_grads(lambda a, b, c: formulas.nala(a, b, c, kernel, rope=rope, rms=True),
-                            q, k, v, weights)
     for g, w in zip(got, want):
         scale = w.abs().max().clamp_min(1e-12)
         assert (g - w).abs().max() / scale < TOL

@@ -8,6 +8,7 @@ from typing import Optional, Sequence
 from torch import Tensor, nn
 
 from ..mixers import GatedAttention
+from ..nalaformer import build_mixer
 
 
 def _grid(tokens: Tensor, hw_shape: Sequence[int]) -> Tensor:
@@ -52,3 +53,18 @@ class FullResolutionAttention(nn.Module):
                 identity: Optional[Tensor] = None) -> Tensor:
         mixed = self.mixer(_grid(x, hw_shape)).flatten(1, 2)
         return (x if identity is None else identity) + self.dropout_layer(self.proj_drop(mixed))
+
+
+def window_free(stock: nn.Module, mixer_cfg: dict) -> WindowFreeAttention:
+    """A Swin ``ShiftWindowMSA`` -> the same sizes and dropouts around a global mixer."""
+    window_msa = stock.w_msa
+    return WindowFreeAttention(build_mixer(mixer_cfg, window_msa.embed_dims,
+                                           window_msa.num_heads),
+                               proj_drop=window_msa.proj_drop, drop=stock.drop)
+
+
+def full_resolution(stock: nn.Module, mixer_cfg: dict) -> FullResolutionAttention:
+    """An mmcv ``MultiheadAttention`` with spatial reduction -> a global mixer at full
+    resolution, with the same dropouts and residual contract."""
+    return FullResolutionAttention(build_mixer(mixer_cfg, stock.embed_dims, stock.num_heads),
+                                   proj_drop=stock.proj_drop, dropout_layer=stock.dropout_layer)

@@ -1,8 +1,9 @@
 """What the swapped stock backbones share: per-stage ``mixers``, the swap, the weight carry-over.
 
-A host class (one per stock backbone) mixes :class:`SwappedAttentionMixin` in before its stock
-parent and says where a stage's blocks are, how to build the replacement of one block's
-attention module, and how its upstream checkpoints are read.
+:class:`SwappedAttentionMixin` holds the shared logic; :class:`SwinStages` and
+:class:`SpatialReductionStages` say, for each family of stock backbones, where a stage's blocks
+are and what replaces one block's attention. A registered backbone (``seg.py``, ``det.py``) is a
+family mixin before its stock parent, plus the parent's way of reading checkpoints.
 """
 from typing import Dict, List, Mapping, Optional, Sequence, Union
 
@@ -10,7 +11,9 @@ from mmengine.logging import MMLogger
 from mmengine.runner.checkpoint import CheckpointLoader, load_state_dict
 from torch import Tensor, nn
 
-from .carry_over import AttentionLayout, CarryOverReport, carry_over
+from .adapters import full_resolution, window_free
+from .carry_over import (SPATIAL_REDUCTION_ATTENTION, SWIN_WINDOW_ATTENTION, AttentionLayout,
+                         CarryOverReport, carry_over, resize_relative_position_tables)
 
 # 'softmax' keeps the stock attention module (windowed in Swin, spatial-reduction in MiT/PVTv2);
 # the others put a global mixer in every block of the stage
@@ -47,9 +50,20 @@ def resolve_stage_mixers(mixers: Sequence[StageMixer], num_stages: int) -> List[
 
 
 class SwappedAttentionMixin:
-    """Mixed in before a stock backbone class; the host defines the four hooks below."""
+    """Mixed in before a stock backbone class; a family mixin defines the hooks below.
+
+    Takes ``mixers`` (one entry per stage, see :func:`resolve_stage_mixers`) and passes every
+    other argument to the stock parent.
+    """
     # the upstream attention a swapped block replaces (what :func:`carry_over` maps)
     attention_layout: AttentionLayout
+
+    def __init__(self, mixers: Sequence[StageMixer] = DEFAULT_SWAP_MIXERS, **kwargs):
+        super().__init__(**kwargs)
+        self._swap_stages(mixers)
+
+    def _num_stages(self) -> int:
+        raise NotImplementedError
 
     def _stage_blocks(self, stage: int) -> Sequence[nn.Module]:
         """The blocks of ``stage``, each with its attention module in ``.attn``."""
@@ -69,11 +83,11 @@ class SwappedAttentionMixin:
         return state
 
     # ------------------------------------------------------------------ shared
-    def _swap_stages(self, mixers: Sequence[StageMixer], num_stages: int) -> None:
-        """Put the mixers in place (called at the end of the host's ``__init__``)."""
+    def _swap_stages(self, mixers: Sequence[StageMixer]) -> None:
+        """Put the mixers in place, once the stock parent has built its stages."""
         self.mixers = tuple(mixers)
         stage_of: Dict[int, int] = {}  # id of a swapped attention module -> its stage
-        for stage, cfg in enumerate(resolve_stage_mixers(mixers, num_stages)):
+        for stage, cfg in enumerate(resolve_stage_mixers(mixers, self._num_stages())):
             if cfg is None:
                 continue
             for block in self._stage_blocks(stage):
@@ -116,6 +130,40 @@ class SwappedAttentionMixin:
         logger.info(f'{type(self).__name__}: {len(matched)} of {len(model_state)} tensors from '
                     f'{path}; attention carried into the swapped stages:\n  '
                     + '\n  '.join(report.lines(self._swapped_names)))
+
+
+class SwinStages(SwappedAttentionMixin):
+    """Swin (mmseg's or mmdet's): blocks in ``stages[i].blocks``; a swapped block's
+    ``ShiftWindowMSA`` becomes a window-free global mixer; softmax stages' relative-position
+    tables are resized to the model's window, as the stock ``init_weights`` does."""
+    attention_layout = SWIN_WINDOW_ATTENTION
+
+    def _num_stages(self):
+        return len(self.stages)
+
+    def _stage_blocks(self, stage):
+        return self.stages[stage].blocks
+
+    def _global_attention(self, stock, mixer_cfg):
+        return window_free(stock, mixer_cfg)
+
+    def _adapt_state(self, state):
+        return resize_relative_position_tables(state, self.state_dict())
+
+
+class SpatialReductionStages(SwappedAttentionMixin):
+    """MiT and PVTv2: blocks in ``layers[i][1]``; a swapped block's spatial-reduction attention
+    becomes a global mixer at full resolution."""
+    attention_layout = SPATIAL_REDUCTION_ATTENTION
+
+    def _num_stages(self):
+        return len(self.layers)
+
+    def _stage_blocks(self, stage):
+        return self.layers[stage][1]
+
+    def _global_attention(self, stock, mixer_cfg):
+        return full_resolution(stock, mixer_cfg)
 
 
 def extract_state(checkpoint: Mapping) -> Mapping[str, Tensor]:
