@@ -175,6 +175,31 @@ def train_config(config_text: str, name: str, work_root: str) -> dict:
     return dict(records=records, wall_seconds=wall)
 
 
+# The token mixers the comparisons train (ablation.py on the demo data, longrange.py): name ->
+# a label for tables and the mixer config that goes in every stage.
+MIXER_VARIANTS: Dict[str, dict] = {
+    'nala-cosine': dict(label="NaLa, paper's cosine kernel",
+                        mixer=dict(type='NormAwareLinearAttention', kernel='cosine')),
+    'nala-relu': dict(label='NaLa, released ReLU kernel',
+                      mixer=dict(type='NormAwareLinearAttention', kernel='relu')),
+    'nala-fixed-power': dict(label='NaLa without norm awareness (cosine kernel, p = 3)',
+                             mixer=dict(type='NormAwareLinearAttention', kernel='cosine',
+                                        norm_aware=False)),
+    'nala-positive': dict(label='NaLa, positive-only kernel',
+                          mixer=dict(type='NormAwareLinearAttention', kernel='positive')),
+    'linear-relu': dict(label='plain linear attention (ReLU)',
+                        mixer=dict(type='LinearAttention', feature_map='relu')),
+    'linear-elu': dict(label='plain linear attention (1 + ELU)',
+                       mixer=dict(type='LinearAttention', feature_map='elu')),
+    'softmax': dict(label='softmax attention', mixer=dict(type='SoftmaxAttention')),
+    'identity': dict(label='control: no token mixing', mixer=dict(type='IdentityAttention')),
+    # an exponent that stays responsive where tanh ||q|| saturates (docs/longrange.md)
+    'nala-rms': dict(label='NaLa, exponent reads ‖q‖/√d (cosine kernel)',
+                     mixer=dict(type='NormAwareLinearAttention', kernel='cosine',
+                                query_norm='rms')),
+}
+
+
 MIXER_SWEEP_CONFIG = """_base_ = [{base!r}]
 model = dict(backbone=dict(mixers=[{mixer!r}] * 4))
 randomness = dict(seed={seed})

@@ -32,7 +32,7 @@ import time
 from statistics import mean, stdev
 from typing import Dict, List, Optional, Tuple
 
-from common import mixer_sweep_config, train_config
+from common import MIXER_VARIANTS, mixer_sweep_config, train_config
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 RESULTS = osp.join(REPO, 'benchmarks', 'results')
@@ -44,27 +44,7 @@ REQUIRED_GAP = 15.0
 # per training process (runs go one at a time): on the shared 2-core machine one thread kept
 # its speed when another job ran, where two threads slowed down several-fold
 THREADS = 1
-VARIANTS: Dict[str, dict] = {
-    'nala-cosine': dict(label="NaLa, paper's cosine kernel",
-                        mixer=dict(type='NormAwareLinearAttention', kernel='cosine')),
-    'nala-relu': dict(label='NaLa, released ReLU kernel',
-                      mixer=dict(type='NormAwareLinearAttention', kernel='relu')),
-    'nala-fixed-power': dict(label='NaLa without norm awareness (cosine kernel, p = 3)',
-                             mixer=dict(type='NormAwareLinearAttention', kernel='cosine',
-                                        norm_aware=False)),
-    'nala-positive': dict(label='NaLa, positive-only kernel',
-                          mixer=dict(type='NormAwareLinearAttention', kernel='positive')),
-    'linear-relu': dict(label='plain linear attention (ReLU)',
-                        mixer=dict(type='LinearAttention', feature_map='relu')),
-    'linear-elu': dict(label='plain linear attention (1 + ELU)',
-                       mixer=dict(type='LinearAttention', feature_map='elu')),
-    'softmax': dict(label='softmax attention', mixer=dict(type='SoftmaxAttention')),
-    'identity': dict(label='control: no token mixing', mixer=dict(type='IdentityAttention')),
-    # item 5 of the issue: an exponent that stays responsive where tanh ||q|| saturates
-    'nala-rms': dict(label='NaLa, exponent reads ‖q‖/√d (cosine kernel)',
-                     mixer=dict(type='NormAwareLinearAttention', kernel='cosine',
-                                query_norm='rms')),
-}
+VARIANTS: Dict[str, dict] = MIXER_VARIANTS
 # the attention-row picture: one query, these mixers side by side
 PICTURE = ('nala-cosine', 'linear-relu', 'softmax')
 
