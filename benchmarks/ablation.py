@@ -19,7 +19,7 @@ import tempfile
 from statistics import mean, stdev
 from typing import Dict, List
 
-from common import MIXER_VARIANTS, mixer_sweep_config, train_config
+from common import MIXER_VARIANTS, mixer_sweep_config, seed_scatter, train_config
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 RESULTS = osp.join(REPO, 'benchmarks', 'results')
@@ -102,15 +102,7 @@ def write_outputs(runs: List[dict], summary: Dict[str, dict], args, stem: str) -
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(8, 3.8))
-    names = list(summary)
-    for i, variant in enumerate(names):
-        values = [r['mIoU'] for r in runs if r['variant'] == variant and 'mIoU' in r]
-        ax.scatter([i] * len(values), values, color='#4c72b0', zorder=3)
-        if values:
-            ax.errorbar(i + 0.15, mean(values), yerr=stdev(values) if len(values) > 1 else 0,
-                        fmt='s', color='#dd8452', capsize=4, zorder=3)
-    ax.set_xticks(range(len(names)), [summary[n]['label'] for n in names], rotation=15,
-                  ha='right', fontsize=8)
+    seed_scatter(ax, runs, summary)
     ax.set_ylabel('mIoU')
     ax.set_title(f'mixers at equal budget ({args.iters} iterations; dots: seeds, '
                  f'squares: mean ± std)')

@@ -257,6 +257,21 @@ def pyplot():
     return plt
 
 
+def seed_scatter(ax, runs: Sequence[dict], summary: Dict[str, dict], rotation: int = 15) -> None:
+    """Every run's mIoU per variant (dots) with the variant's mean and std beside them: the
+    picture of a mixer comparison over seeds (ablation.py, longrange.py)."""
+    from statistics import mean, stdev
+    names = list(summary)
+    for i, variant in enumerate(names):
+        values = [r['mIoU'] for r in runs if r['variant'] == variant and 'mIoU' in r]
+        ax.scatter([i] * len(values), values, color='#4c72b0', zorder=3)
+        if values:
+            ax.errorbar(i + 0.15, mean(values), yerr=stdev(values) if len(values) > 1 else 0,
+                        fmt='s', color='#dd8452', capsize=4, zorder=3)
+    ax.set_xticks(range(len(names)), [summary[n]['label'] for n in names], rotation=rotation,
+                  ha='right', fontsize=8)
+
+
 def fmt(value: Optional[float], digits: int = 1) -> str:
     return '-' if value is None else f'{value:.{digits}f}'
 

@@ -32,7 +32,7 @@ import time
 from statistics import mean, stdev
 from typing import Dict, List, Optional, Tuple
 
-from common import MIXER_VARIANTS, mixer_sweep_config, train_config
+from common import MIXER_VARIANTS, mixer_sweep_config, seed_scatter, train_config
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 RESULTS = osp.join(REPO, 'benchmarks', 'results')
@@ -375,17 +375,9 @@ def plot(saved: dict, path: str) -> None:
     fig = plt.figure(figsize=(12, 4.4 + 3.2 * len(queries)))
     grid = fig.add_gridspec(1 + len(queries), len(pictured) + 1)
     ax = fig.add_subplot(grid[0, :])
-    names = list(summary)
-    for i, variant in enumerate(names):
-        values = [r['mIoU'] for r in runs if r['variant'] == variant and 'mIoU' in r]
-        ax.scatter([i] * len(values), values, color='#4c72b0', zorder=3)
-        if values:
-            ax.errorbar(i + 0.15, mean(values), yerr=stdev(values) if len(values) > 1 else 0,
-                        fmt='s', color='#dd8452', capsize=4, zorder=3)
+    seed_scatter(ax, runs, summary, rotation=12)
     ax.axhline(saved['chance_mIoU'], color='grey', ls='--', lw=1,
                label='blind to the exemplar (chance)')
-    ax.set_xticks(range(len(names)), [summary[n]['label'] for n in names], rotation=12,
-                  ha='right', fontsize=8)
     ax.set_ylabel('mIoU')
     ax.legend(loc='best', fontsize=8)
     ax.set_title(f"long-range exemplar task, {saved['iters']} iterations (dots: seeds, "

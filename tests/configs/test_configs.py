@@ -34,9 +34,14 @@ def build_on_meta(cfg: Config):
         return registry.build(cfg.model)
 
 
-# the NaLaFormer configs (configs/swap/, stock backbones, is tests/configs/test_swap_configs.py)
-SEG_CONFIGS = sorted(p for p in glob.glob(osp.join(REPO, 'configs', '**', 'ade20k_*.py'), recursive=True)
-                     if '/swap/' not in p)
+def nalaformer_configs(pattern: str) -> list:
+    """The NaLaFormer configs matching ``pattern``; configs/swap/ (stock backbones with NaLa
+    swapped in) has its own checks in tests/configs/test_swap_configs.py."""
+    return sorted(p for p in glob.glob(osp.join(REPO, 'configs', '**', pattern), recursive=True)
+                  if '/swap/' not in p)
+
+
+SEG_CONFIGS = nalaformer_configs('ade20k_*.py')
 
 
 @pytest.mark.parametrize('path', SEG_CONFIGS, ids=lambda p: osp.relpath(p, REPO))
@@ -108,8 +113,7 @@ def test_no_weight_decay_on_norms_layerscale_and_attention_ln():
     assert weights <= set(decay)
 
 
-DET_CONFIGS = sorted(p for p in glob.glob(osp.join(REPO, 'configs', '**', 'coco_*.py'), recursive=True)
-                     if '/swap/' not in p)
+DET_CONFIGS = nalaformer_configs('coco_*.py')
 
 
 @pytest.mark.parametrize('path', DET_CONFIGS, ids=lambda p: osp.relpath(p, REPO))
