@@ -3,13 +3,18 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup test test-unit test-extended test-e2e demo demo-det bench ablation out-norm-study swap-bench swap-study longrange-data longrange clean-demo
+.PHONY: setup lint test test-unit test-extended test-e2e demo demo-det bench ablation \
+	out-norm-study swap-bench swap-study vit-bench longrange-data longrange clean-demo
 
 setup:
 	@bash tools/setup_env.sh
 
-# The whole test suite: tiny models, tiny generated data (< 15 min on 2 cores).
-test: setup
+# Lint and import order (ruff.toml), before every test run.
+lint: setup
+	$(VENV)/bin/ruff check .
+
+# The whole test suite: tiny models, tiny generated data.
+test: lint
 	$(PY) -m pytest tests -q -p no:cacheprovider -m "not slow and not extended"
 
 # The process-starting checks make test leaves out: the tools and the upstream tools end to end,
@@ -21,7 +26,7 @@ test-extended: setup
 test-unit: setup
 	$(PY) -m pytest tests -q -p no:cacheprovider -m "not slow and not integration"
 
-# Both demos end to end with their full schedules, asserting they learn (16-35 min on 2 cores).
+# Both demos end to end with their full schedules, asserting they learn.
 test-e2e: setup
 	$(PY) -m pytest tests -q -p no:cacheprovider -m slow
 
@@ -36,7 +41,7 @@ demo-det: setup
 bench: setup
 	$(PY) benchmarks/attention.py
 
-# Token mixers at equal budget on the embedded data: 5 variants x 3 seeds x 200 iterations (35 min measured on 2 cores).
+# Token mixers at equal budget on the embedded data: 5 variants x 3 seeds x 200 iterations.
 ablation: setup
 	$(PY) benchmarks/ablation.py
 
@@ -45,20 +50,26 @@ out-norm-study: setup
 	$(PY) benchmarks/out_norm_study.py
 
 # Stock Swin-T, MiT-B0 and PVTv2-B0 against their NaLa-swapped versions at 512/1024/2048
-# (23 min measured on one pinned core: taskset -c 0 ... --threads 1, as docs/swap.md reports).
+# (on a busy machine pin it: taskset -c 0 $(PY) benchmarks/swap.py --threads 1).
 swap-bench: setup
 	$(PY) benchmarks/swap.py
 
-# A trained Swin's stages 1-2 swapped to NaLa and fine-tuned vs softmax continued, 3 seeds (19 min).
+# A trained Swin's stages 1-2 swapped to NaLa and fine-tuned vs softmax continued, 3 seeds.
 swap-study: setup
 	$(PY) benchmarks/swap_finetune.py
+
+# ViT-S/B stock, fused SDPA and NaLa at 512..4096, then SETR ViT-L whole vs sliding-window
+# inference at Cityscapes' size.
+vit-bench: setup
+	$(PY) benchmarks/vit.py
+	$(PY) benchmarks/vit_cityscapes.py
 
 # The long-range exemplar task's data (ADE20K layout under data/longrange, deterministic).
 longrange-data: setup
 	$(PY) -m nala_mm.datasets.longrange
 
 # Nine token mixers x three seeds on the long-range task, with the attention statistics
-# (48 min measured on the shared 2-core CPU, one thread per run).
+# (one thread per run).
 longrange: setup
 	$(PY) benchmarks/longrange.py
 

@@ -19,21 +19,34 @@ import tempfile
 from statistics import mean, stdev
 from typing import Dict, List
 
-from common import MIXER_VARIANTS, mixer_sweep_config, seed_scatter, train_config
+from nala_mm.models.mixer_specs import PRESETS, MixerPreset
 
-REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
-RESULTS = osp.join(REPO, 'benchmarks', 'results')
+from paths import REPO, RESULTS
+from report import (
+    add_report_only_argument,
+    markdown_table,
+    pm,
+    pyplot,
+    read_json,
+    save_figure,
+    seed_scatter,
+    signed,
+    write_json,
+    write_markdown,
+)
+from runs import mixer_sweep_config, train_config
+
 DEMO = osp.join(REPO, 'configs', 'demo', 'ade20k_demo_nala_upernet.py')
 # the five of the committed sweep ('linear' is the ReLU one)
-VARIANTS: Dict[str, dict] = {
-    name: MIXER_VARIANTS[key] for name, key in (
+VARIANTS: Dict[str, MixerPreset] = {
+    name: PRESETS[key] for name, key in (
         ('nala-cosine', 'nala-cosine'), ('nala-relu', 'nala-relu'),
         ('nala-fixed-power', 'nala-fixed-power'), ('linear', 'linear-relu'),
         ('softmax', 'softmax'))}
 
 
 def run_one(variant: str, seed: int, iters: int, work_root: str) -> dict:
-    run = train_config(mixer_sweep_config(DEMO, VARIANTS[variant]['mixer'], seed, iters),
+    run = train_config(mixer_sweep_config(DEMO, VARIANTS[variant].mixer, seed, iters),
                        f'{variant}_seed{seed}', work_root)
     if 'error' in run:
         return dict(variant=variant, seed=seed, error=run['error'])
@@ -59,7 +72,7 @@ def summarise(runs: List[dict]) -> Dict[str, dict]:
         deltas = [by_seed[variant, r['seed']] - by_seed[variants[0], r['seed']] for r in ok
                   if (variants[0], r['seed']) in by_seed]
         summary[variant] = dict(
-            label=VARIANTS[variant]['label'], runs=len(ok),
+            label=VARIANTS[variant].label, runs=len(ok),
             mIoU_mean=mean(values) if values else None,
             mIoU_std=stdev(values) if len(values) > 1 else None,
             paired_delta_mean=mean(deltas) if deltas else None,
@@ -72,43 +85,40 @@ def summarise(runs: List[dict]) -> Dict[str, dict]:
 
 
 def write_outputs(runs: List[dict], summary: Dict[str, dict], args, stem: str) -> None:
-    with open(stem + '.json', 'w') as f:
-        json.dump(dict(config=osp.relpath(DEMO, REPO), iters=args.iters, seeds=args.seeds,
-                       data='embedded synthetic ADE20K-layout data (make demo)', runs=runs,
-                       summary=summary), f, indent=2)
+    write_json(stem + '.json', dict(config=osp.relpath(DEMO, REPO), iters=args.iters,
+                                    seeds=args.seeds,
+                                    data='embedded synthetic ADE20K-layout data (make demo)',
+                                    runs=runs, summary=summary))
     first = next(iter(summary))
     lines = ['# Token mixers at equal budget (embedded demo data)', '',
              f'Demo UperNet + NaLaFormer, one mixer in all four stages, from scratch, '
              f'{args.iters} iterations of batch 8 at 128x128, seeds {args.seeds}; mIoU on the '
-             f'40 validation images; time per training iteration on this CPU.', '',
-             f'| mixer | runs | mIoU mean ± std | mIoU − {first} at the same seed, mean ± std '
-             f'(per seed) | s / iter (best seed) |', '|---|---|---|---|---|']
-    for variant, row in summary.items():
-        miou = '-' if row['mIoU_mean'] is None else \
-            f"{row['mIoU_mean']:.2f} ± {row['mIoU_std'] or 0:.2f}"
-        delta = '-' if row['paired_delta_mean'] is None else (
-            f"{row['paired_delta_mean']:+.2f} ± {row['paired_delta_std'] or 0:.2f} ("
-            + ', '.join(f'{d:+.2f}' for d in row['paired_deltas']) + ')')
-        speed = '-' if row['sec_per_iter_best'] is None else f"{row['sec_per_iter_best']:.2f}"
-        lines.append(f"| {row['label']} | {row['runs']} | {miou} | {delta} | {speed} |")
-    lines += ['', '| mixer | seed | mIoU | aAcc | final loss |', '|---|---|---|---|---|']
-    lines += [f"| {r['variant']} | {r['seed']} | {r['mIoU']:.2f} | {r['aAcc']:.2f} | "
-              f"{r['final_loss']:.3f} |" if 'mIoU' in r else
-              f"| {r['variant']} | {r['seed']} | - | - | error: {r['error']} |" for r in runs]
-    with open(stem + '.md', 'w') as f:
-        f.write('\n'.join(lines) + '\n')
+             f'40 validation images; time per training iteration on this CPU.', '']
+    lines += markdown_table(
+        ['mixer', 'runs', 'mIoU mean ± std',
+         f'mIoU − {first} at the same seed, mean ± std (per seed)', 's / iter (best seed)'],
+        [[row['label'], row['runs'], pm(row['mIoU_mean'], row['mIoU_std']),
+          '-' if row['paired_delta_mean'] is None else
+          pm(row['paired_delta_mean'], row['paired_delta_std'], sign=True)
+          + f" ({signed(row['paired_deltas'])})",
+          '-' if row['sec_per_iter_best'] is None else f"{row['sec_per_iter_best']:.2f}"]
+         for row in summary.values()])
+    lines += ['']
+    lines += markdown_table(
+        ['mixer', 'seed', 'mIoU', 'aAcc', 'final loss'],
+        [[r['variant'], r['seed'], f"{r['mIoU']:.2f}", f"{r['aAcc']:.2f}",
+          f"{r['final_loss']:.3f}"] if 'mIoU' in r else
+         [r['variant'], r['seed'], '-', '-', f"error: {r['error']}"] for r in runs])
+    write_markdown(stem + '.md', lines)
 
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 3.8))
     seed_scatter(ax, runs, summary)
     ax.set_ylabel('mIoU')
     ax.set_title(f'mixers at equal budget ({args.iters} iterations; dots: seeds, '
                  f'squares: mean ± std)')
     ax.grid(True, axis='y', alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(stem + '.png', dpi=120)
+    save_figure(fig, stem + '.png')
 
 
 def main() -> None:
@@ -119,20 +129,19 @@ def main() -> None:
     # the schedule of the committed results (benchmarks/results/ablation.json)
     parser.add_argument('--iters', type=int, default=200)
     parser.add_argument('--out', default=RESULTS)
-    parser.add_argument('--report-only', action='store_true',
-                        help='rewrite the markdown table and plot from OUT/ablation.json')
+    add_report_only_argument(parser, 'ablation')
     args = parser.parse_args()
     stem = osp.join(args.out, 'ablation')
     if args.report_only:
-        with open(stem + '.json') as f:
-            saved = json.load(f)
+        saved = read_json(stem + '.json')
         args.iters, args.seeds = saved['iters'], saved['seeds']
         write_outputs(saved['runs'], summarise(saved['runs']), args, stem)
         print(open(stem + '.md').read())
         return
     os.chdir(REPO)  # the demo config's data root is relative to the repository
-    from nala_mm.datasets.synthetic_ade import generate_ade_like
     from mmengine.config import Config
+
+    from nala_mm.datasets.synthetic_ade import generate_ade_like
     generate_ade_like(Config.fromfile(DEMO).train_dataloader.dataset.data_root)
     from tqdm import tqdm
     runs = []

@@ -9,31 +9,42 @@ Discussed in docs/robustness.md ('Mixed precision').
     python benchmarks/amp.py [--crop 256] [--batch 2] [--repeats 5]
 """
 import argparse
-import json
 import os
 import os.path as osp
 
 import torch
 
-from common import (RESULTS, device_name, markdown_table, median_ms, peak_memory_mib,
-                    pyplot, spawn, write_json, write_markdown)
+from nala_mm.analysis.measure import (
+    add_case_argument,
+    device_name,
+    measure,
+    print_case_result,
+    run_case,
+)
 
-REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
+from paths import REPO, RESULTS
+from report import markdown_table, pyplot, save_figure, write_json, write_markdown
+
 CONFIG = osp.join(REPO, 'configs', 'demo', 'ade20k_demo_nala_upernet.py')
 PRECISIONS = ('fp32', 'amp')
+# Untimed training steps before a time is taken; a memory case runs one, so the optimizer
+# state is allocated before measuring.
+TIME_WARMUP = 2
 
 
-def run_case(precision: str, crop: int, batch: int, measure: str, repeats: int,
-             device: str) -> dict:
+def training_step_case(case: dict) -> dict:
+    """One precision's training-step ``time`` or ``memory`` in this fresh process."""
     from mmengine.optim import build_optim_wrapper
     from mmengine.registry import init_default_scope
+    from mmengine.structures import PixelData
     from mmseg.registry import MODELS
     from mmseg.structures import SegDataSample
-    from mmengine.structures import PixelData
 
-    from nala_mm.runtime import enable_amp, load_config
+    from nala_mm.amp import enable_amp
+    from nala_mm.config_loading import load_config
+    crop, batch, device = case['crop'], case['batch'], case['device']
     cfg = load_config(CONFIG)
-    if precision == 'amp':
+    if case['precision'] == 'amp':
         enable_amp(cfg)
     init_default_scope('mmseg')
     torch.manual_seed(0)
@@ -51,33 +62,30 @@ def run_case(precision: str, crop: int, batch: int, measure: str, repeats: int,
     def step():
         model.train_step(data, wrapper)
 
-    if measure == 'memory':
-        step()  # optimizer state allocated before measuring
-        return dict(peak_mib=peak_memory_mib(step, device))
-    return dict(median_ms=median_ms(step, repeats, device, warmup=2))
+    if case['what'] == 'memory':
+        return measure(step, 'memory', repeats=1, warmup=1, device=device)
+    return measure(step, 'time', case['repeats'], TIME_WARMUP, device)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('--case', nargs=6, help=argparse.SUPPRESS)
+    add_case_argument(parser)
     parser.add_argument('--crop', type=int, default=256)
     parser.add_argument('--batch', type=int, default=2)
     parser.add_argument('--repeats', type=int, default=5)
     parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
     parser.add_argument('--out', default=RESULTS)
     args = parser.parse_args()
-    if args.case:
-        precision, crop, batch, measure, repeats, device = args.case
-        print(json.dumps(run_case(precision, int(crop), int(batch), measure, int(repeats),
-                                  device)))
+    if args.case is not None:
+        print_case_result(training_step_case(args.case))
         return
     rows = []
     for precision in PRECISIONS:
-        case = [precision, str(args.crop), str(args.batch)]
-        timing = spawn(__file__, case + ['time', str(args.repeats), args.device], memory=False)
-        memory = spawn(__file__, case + ['memory', '1', args.device], memory=True)
-        rows.append(dict(precision=precision, **timing, **memory))
+        case = dict(precision=precision, crop=args.crop, batch=args.batch, device=args.device)
+        timing = run_case(__file__, dict(case, what='time', repeats=args.repeats))
+        memory = run_case(__file__, dict(case, what='memory'), memory=True)
+        rows.append(dict(precision=precision, **{**timing, **memory}))
         print(rows[-1])
     fp32, amp = rows
     ratios = {}
@@ -107,8 +115,7 @@ def main() -> None:
                color=['#4c72b0', '#dd8452'])
         ax.set_title(title)
     fig.suptitle(f'training step, {amp_kind} vs fp32')
-    fig.tight_layout()
-    fig.savefig(stem + '.png', dpi=120)
+    save_figure(fig, stem + '.png')
     print(open(stem + '.md').read())
 
 

@@ -4,13 +4,13 @@ and softmax, time and peak memory against the number of tokens.
 Stage-1 shape of NaLaFormer-T (C = 64, one head, d = 64, 2D RoPE), B = 1, N = H*W tokens:
 
 * op level, on ``(B, heads, N, d)`` q, k, v: our fast op (released ReLU kernel), the released op
-  sequence (benchmarks/released_op.py), softmax with an explicit N x N matrix, and SDPA;
+  sequence (nala_mm/released_op.py), softmax with an explicit N x N matrix, and SDPA;
 * layer level, the whole token mixer (qkvg, RoPE, NaLa, LePE, LayerNorm, SiLU gate, out_proj):
   ``NormAwareLinearAttention`` on channels-last tokens, as the backbone block runs it, against
   the released layer's op sequence on channels-first maps (token rearranges, the released op,
   LePE on a channels-first copy of v); the same parameters and outputs (checked).
 
-Each (implementation, N, mode) runs in its own process (benchmarks/common.py): time = median
+Each (implementation, N, mode) runs in its own process (nala_mm.analysis.measure): time = median
 after warm-up, memory = peak above the baseline. On CPU the speed-ups against the released
 sequence are also timed in turns in one process (both engines each round; median of the
 per-round ratios), which a shared machine's load drift cannot bias. Results:
@@ -29,11 +29,28 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
-from common import (RESULTS, device_name, fmt, interleaved_ms, log_log_axes, markdown_table,
-                    median_ms, peak_memory_mib, pyplot, spawn, write_json, write_markdown)
+from nala_mm.analysis.measure import (
+    add_case_argument,
+    device_name,
+    interleaved_ms,
+    measure,
+    print_case_result,
+    run_case,
+)
 from nala_mm.models import NormAwareLinearAttention
 from nala_mm.ops import NaLaConfig, apply_rope, nala_attention, rope_phasor, rope_table
-from released_op import nala_attention_released
+from nala_mm.released_op import nala_attention_released
+
+from paths import RESULTS
+from report import (
+    fmt,
+    log_log_axes,
+    markdown_table,
+    pyplot,
+    save_figure,
+    write_json,
+    write_markdown,
+)
 
 IMPLEMENTATIONS = {
     'nala_fast': 'NaLa op, fast (ours)',
@@ -49,6 +66,9 @@ PAIRS = (('nala_released', 'nala_fast', 'op'), ('layer_released', 'layer_fast', 
 HEAD_DIM = 64
 # Explicit softmax keeps >= one N x N float32 matrix; beyond this it is not run but bounded.
 EXPLICIT_LIMIT_BYTES = 6 * 2 ** 30
+# Untimed calls before a time is taken (kernel caches, RoPE tables, allocator growth); a memory
+# case runs one step before measuring, so one-time allocations are not the step's.
+TIME_WARMUP = 3
 
 
 class ReleasedNaLaLayer(nn.Module):
@@ -145,8 +165,7 @@ def summarise(rows: list, sizes: list) -> dict:
     ratios = {}
     n16k = 16384 if 128 in sizes else None
     if n16k:
-        for slow, fast, what in (('nala_released', 'nala_fast', 'op'),
-                                 ('layer_released', 'layer_fast', 'layer')):
+        for slow, fast, what in PAIRS:
             speed = ratio(rows, slow, fast, n16k, 'fwd_bwd_ms')
             memory = ratio(rows, fast, slow, n16k, 'fwd_bwd_mib')
             ratios[f'{what}: released / ours, fwd+bwd time at N=16384 (speed-up)'] = fmt(speed, 2)
@@ -177,8 +196,7 @@ def plot(rows: list, path: str) -> None:
     log_log_axes(axes[0], 'forward + backward time (ms)', 'tokens N')
     log_log_axes(axes[1], 'forward + backward peak (MiB)', 'tokens N')
     axes[0].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path)
 
 
 def paired_speedup(names, side: int, mode: str, repeats: int, device: str) -> dict:
@@ -187,34 +205,36 @@ def paired_speedup(names, side: int, mode: str, repeats: int, device: str) -> di
     per-round ratios; each one's best call is reported beside it."""
     slow, fast = names
     steps = {name: make_step(name, side, mode, device) for name in (slow, fast)}
-    times = interleaved_ms(steps, repeats, warmup=3)
+    times = interleaved_ms(steps, repeats, warmup=TIME_WARMUP)
     ratios = sorted(a / b for a, b in zip(times[slow], times[fast]))
     return dict(speedup_median=ratios[len(ratios) // 2], rounds=repeats,
                 released_best_ms=min(times[slow]), ours_best_ms=min(times[fast]))
 
 
+def attention_case(case: dict) -> dict:
+    """One case in this fresh process: a released/ours ``pair`` timed in turns, or one
+    implementation's ``time`` or ``memory``."""
+    if 'pair' in case:
+        return paired_speedup(case['pair'], case['side'], case['mode'], case['repeats'],
+                              case['device'])
+    step = make_step(case['impl'], case['side'], case['mode'], case['device'])
+    if case['what'] == 'memory':
+        return measure(step, 'memory', repeats=1, warmup=1, device=case['device'])
+    return measure(step, 'time', case['repeats'], TIME_WARMUP, case['device'])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('--case', nargs=6, help=argparse.SUPPRESS)
+    add_case_argument(parser)
     parser.add_argument('--sizes', nargs='+', type=int, default=[32, 64, 128, 256],
                         help='square feature-map sides (N = side^2)')
     parser.add_argument('--repeats', type=int, default=10)
     parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
     parser.add_argument('--out', default=RESULTS)
     args = parser.parse_args()
-    if args.case:
-        import json
-        name, side, mode, what, repeats, device = args.case
-        step = None if what == 'pair' else make_step(name, int(side), mode, device)
-        if what == 'pair':
-            result = paired_speedup(name.split('+'), int(side), mode, int(repeats), device)
-        elif what == 'memory':
-            step()  # one-time allocations (kernel caches, RoPE tables) are not the step's
-            result = dict(peak_mib=peak_memory_mib(step, device))
-        else:
-            result = dict(median_ms=median_ms(step, int(repeats), device, warmup=3))
-        print(json.dumps(result))
+    if args.case is not None:
+        print_case_result(attention_case(args.case))
         return
 
     from tqdm import tqdm
@@ -238,9 +258,9 @@ def main() -> None:
             rows.append(row)
             continue
         for mode in ('fwd', 'fwd_bwd'):
-            case = [impl, str(side), mode]
-            timing = spawn(__file__, case + ['time', str(args.repeats), args.device], memory=False)
-            memory = spawn(__file__, case + ['memory', '1', args.device], memory=True)
+            case = dict(impl=impl, side=side, mode=mode, device=args.device)
+            timing = run_case(__file__, dict(case, what='time', repeats=args.repeats))
+            memory = run_case(__file__, dict(case, what='memory'), memory=True)
             row[f'{mode}_ms'] = timing.get('median_ms')
             row[f'{mode}_mib'] = memory.get('peak_mib')
             for result in (timing, memory):
@@ -253,8 +273,8 @@ def main() -> None:
         for (slow, fast, what), side, mode in tqdm(
                 [(p, side, mode) for side in args.sizes for p in PAIRS
                  for mode in ('fwd', 'fwd_bwd')], desc='paired timings'):
-            result = spawn(__file__, [f'{slow}+{fast}', str(side), mode, 'pair',
-                                      str(args.repeats), args.device], memory=False)
+            result = run_case(__file__, dict(pair=[slow, fast], side=side, mode=mode,
+                                             repeats=args.repeats, device=args.device))
             paired.append(dict(what=what, tokens=side * side, mode=mode, **result))
     ratios = summarise(rows, args.sizes)
     for row in paired:

@@ -3,13 +3,12 @@ vs mmseg's Swin-T, time and peak memory against the input size, inference and tr
 
 NaLa layers use the released kernel (``kernel='relu'``), as the fine-tuning configs do. The
 released-style model is the all-linear one whose mixers run
-:func:`released_op.nala_attention_released` (separate ReLU copies,
-concatenations, four RoPE calls) instead of the fast op: its NaLa mixers are swapped, after
-building, for ``ReleasedNaLaAttention`` (registered nowhere). Inference: eval mode, batch 1,
+:func:`nala_mm.released_op.nala_attention_released` (separate ReLU copies, concatenations, RoPE
+per feature half) instead of the fast op: its NaLa mixers are swapped, after building, for
+``ReleasedNaLaAttention`` (registered nowhere). Inference: eval mode, batch 1,
 ``torch.no_grad``. Training step: train mode (BatchNorm statistics, DropPath), forward +
-backward of the sum of the four outputs, batch 2. Measuring, processes and outputs:
-benchmarks/common.py. Results: benchmarks/results/backbone.{json,md,png}; discussed in
-docs/speed.md.
+backward of the sum of the four outputs, batch 2. Processes, report and plot: benchmarks/sweep.py.
+Results: benchmarks/results/backbone.{json,md,png}; discussed in docs/speed.md.
 
     python benchmarks/backbone.py                          # fwd 1024 2048, train 512 1024
     python benchmarks/backbone.py --sizes 512 --train-sizes --models nala_t_linear swin_t
@@ -20,9 +19,11 @@ from typing import Dict
 import torch
 from torch import nn
 
-from common import Step, sweep_cli
+from nala_mm.analysis.measure import Step
 from nala_mm.models import GatedAttention, NaLaFormer, NormAwareLinearAttention
-from released_op import nala_attention_released
+from nala_mm.released_op import nala_attention_released
+
+from sweep import backbone_step, sweep_cli
 
 BACKBONES: Dict[str, dict] = {
     'nala_t_linear': dict(label='NaLaFormer-T (all linear)'),
@@ -34,7 +35,7 @@ BACKBONES: Dict[str, dict] = {
 
 class ReleasedNaLaAttention(GatedAttention):
     """NaLa in the released op sequence (relu kernel): the shared wrapper with
-    :func:`released_op.nala_attention_released` as its mixing."""
+    :func:`nala_mm.released_op.nala_attention_released` as its mixing."""
 
     def mix(self, q, k, v, rope):
         return nala_attention_released(q, k, v, rope=rope)
@@ -66,26 +67,12 @@ def build_backbone(name: str) -> nn.Module:
     return all_linear if name == 'nala_t_linear' else with_released_mixers(all_linear)
 
 
-def backbone_step(name: str, side: int, mode: str, batch: int, device: str) -> Step:
+def make_step(name: str, side: int, mode: str, batch: int, device: str) -> Step:
     model = build_backbone(name).to(device)
-    image = torch.randn(batch, 3, side, side, device=device)
-    if mode == 'fwd':
-        model.eval()  # not chained: mmseg's SwinTransformer.train() returns None
-
-        def forward() -> None:
-            with torch.no_grad():
-                model(image)
-        return forward
-
-    model.train()
-
-    def train_step() -> None:
-        sum(out.sum() for out in model(image)).backward()
-        model.zero_grad(set_to_none=True)
-    return train_step
+    return backbone_step(model, torch.randn(batch, 3, side, side, device=device), mode)
 
 
 if __name__ == '__main__':
-    sweep_cli(osp.abspath(__file__), __doc__, 'backbone', BACKBONES, backbone_step,
+    sweep_cli(osp.abspath(__file__), __doc__, 'backbone', BACKBONES, make_step,
               reference='swin_t', default_sizes=dict(fwd=(1024, 2048), train=(512, 1024)),
               description='Backbone benchmark')

@@ -17,9 +17,11 @@ from statistics import median
 
 import torch
 
-from common import (RESULTS, device_name, interleaved_ms, markdown_table, pyplot,
-                    write_json, write_markdown)
+from nala_mm.analysis.measure import device_name, interleaved_ms
 from nala_mm.ops.fused.conv_weight_grad import conv_weight_grad
+
+from paths import RESULTS
+from report import markdown_table, pyplot, save_figure, write_json, write_markdown
 
 # (label, in channels, out channels, kernel, stride, map side): NaLaFormer-T, batch 2
 CASES = [(f'downsample {cin}->{cout}', cin, cout, 3, 2, side)
@@ -78,8 +80,7 @@ def main() -> None:
     ax.axvline(1.0, color='k', lw=0.8)
     ax.set_xlabel('speed-up over oneDNN (median of per-round ratios)')
     ax.invert_yaxis()
-    fig.tight_layout()
-    fig.savefig(stem + '.png', dpi=120)
+    save_figure(fig, stem + '.png')
     print(open(stem + '.md').read())
 
 

@@ -17,7 +17,6 @@ Results: benchmarks/results/deploy.{json,md,png}; discussed in docs/deploy.md.
     python benchmarks/deploy.py [--sides 512 1024] [--repeats 5 3] [--compile]
 """
 import argparse
-import json
 import os
 import os.path as osp
 import tempfile
@@ -29,13 +28,14 @@ from typing import Dict, List
 import numpy as np
 import torch
 
-from common import interleaved_ms  # benchmarks/common.py: a script's folder is on sys.path
-from nala_mm.analysis import attention_layers, stage_of
+from nala_mm.analysis import attention_layers
+from nala_mm.analysis.measure import interleaved_ms
 from nala_mm.deploy import DEFAULT_OPSET, build_exportable, export, ort_session, relative_l2
 from nala_mm.models import LinearAttention, NormAwareLinearAttention, SoftmaxAttention
 
-REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
-RESULTS = osp.join(REPO, 'benchmarks', 'results')
+from paths import REPO, RESULTS
+from report import markdown_table, pyplot, save_figure, write_json, write_markdown
+
 # torch.compile's capture is examined on one model: the hybrid has the same NaLa layers (stages
 # 1-2), and capturing is slow.
 CAPTURED_MODEL = 'nala_t_linear'
@@ -54,7 +54,8 @@ def stage_mixers(backbone: torch.nn.Module) -> List[str]:
     class name), read from the built modules."""
     stages: Dict[int, str] = {}
     for name, layer in attention_layers(backbone).items():
-        stages.setdefault(stage_of(name), SHORTHANDS.get(type(layer), type(layer).__name__))
+        stages.setdefault(backbone.stage_of(name),
+                          SHORTHANDS.get(type(layer), type(layer).__name__))
     return [stages[i] for i in sorted(stages)]
 
 
@@ -141,7 +142,8 @@ def time_inductor(module, sides: List[int], repeats: List[int]) -> List[dict]:
     return rows
 
 
-def write_markdown(result: dict, path: str) -> None:
+def report_lines(result: dict) -> List[str]:
+    """The markdown page of a run."""
     load = ', '.join(f'{a:.1f} -> {b:.1f}' for a, b in zip(result['load_average_start'],
                                                           result['load_average_end']))
     lines = [f'# Deployment benchmark: ONNX Runtime vs PyTorch eager ({result["device"]})', '',
@@ -151,51 +153,43 @@ def write_markdown(result: dict, path: str) -> None:
              f'{result["opset"]}), exported at {result["sides"][0]}² and run at every size. '
              'Engines timed in turns after one warm-up round; ORT / eager = median of the '
              'per-round ratios. Random weights (timing does not depend on them). Load average '
-             f'(1, 5, 15 min) at start -> end: {load} on this shared machine.', '',
-             '| model | kernel | side | rel. L2 error | PyTorch eager ms (median / min) | '
-             'ONNX Runtime ms (median / min) | ORT / eager | rounds |',
-             '|---|---|---|---|---|---|---|---|']
-    for model in result['models'].values():
-        for row in model['onnx']:
-            lines.append(
-                f'| {model["label"]} | {model["kernel"]} | {row["side"]} | '
-                f'{row["rel_l2"]:.1e} | {row["eager_median_ms"]:.0f} / {row["eager_min_ms"]:.0f} '
-                f'| {row["onnxruntime_median_ms"]:.0f} / {row["onnxruntime_min_ms"]:.0f} | '
-                f'{row["ratio_ort_over_eager"]:.2f} | {row["rounds"]} |')
+             f'(1, 5, 15 min) at start -> end: {load} on this shared machine.', '']
+    lines += markdown_table(
+        ['model', 'kernel', 'side', 'rel. L2 error', 'PyTorch eager ms (median / min)',
+         'ONNX Runtime ms (median / min)', 'ORT / eager', 'rounds'],
+        [[model['label'], model['kernel'], row['side'], f"{row['rel_l2']:.1e}",
+          f"{row['eager_median_ms']:.0f} / {row['eager_min_ms']:.0f}",
+          f"{row['onnxruntime_median_ms']:.0f} / {row['onnxruntime_min_ms']:.0f}",
+          f"{row['ratio_ort_over_eager']:.2f}", row['rounds']]
+         for model in result['models'].values() for row in model['onnx']])
     lines += ['', 'Export time (dynamic H, W): ' + ', '.join(
         f'{m["label"]} {m["export_s"]:.0f} s' for m in result['models'].values()) + '.']
     lines += ['', '## torch.compile', '',
               'Graph capture only (dynamo, `backend="eager"`, no code generation), the sizes in '
-              'turn:', '',
-              '| model | sides | graphs after each size | graph breaks | top break reasons |',
-              '|---|---|---|---|---|']
-    for model in result['models'].values():
-        if 'dynamo' not in model:
-            continue
-        capture = model['dynamo']
-        reasons = '; '.join(f'{count}x {reason}' for reason, count in
-                            capture['break_reasons'].items()) or '-'
-        lines.append(f'| {model["label"]} | {capture["sides"]} | '
-                     f'{capture["graphs_after_each_size"]} | {capture["graph_breaks"]} | '
-                     f'{reasons} |')
+              'turn:', '']
+    captured = [(model['label'], model['dynamo']) for model in result['models'].values()
+                if 'dynamo' in model]
+    lines += markdown_table(
+        ['model', 'sides', 'graphs after each size', 'graph breaks', 'top break reasons'],
+        [[label, capture['sides'], capture['graphs_after_each_size'], capture['graph_breaks'],
+          '; '.join(f'{count}x {reason}' for reason, count in
+                    capture['break_reasons'].items()) or '-'] for label, capture in captured])
     inductor = [(m['label'], row) for m in result['models'].values()
                 for row in m.get('inductor', [])]
     if inductor:
-        lines += ['', '| model | side | first call (compile) s | compiled ms | eager ms | '
-                      'rel. L2 error |', '|---|---|---|---|---|---|']
-        lines += [f'| {label} | {row["side"]} | {row["first_call_s"]:.0f} | '
-                  f'{row["compiled_median_ms"]:.0f} | {row["eager_median_ms"]:.0f} | '
-                  f'{row["rel_l2"]:.1e} |' for label, row in inductor]
+        lines += ['']
+        lines += markdown_table(
+            ['model', 'side', 'first call (compile) s', 'compiled ms', 'eager ms',
+             'rel. L2 error'],
+            [[label, row['side'], f"{row['first_call_s']:.0f}", f"{row['compiled_median_ms']:.0f}",
+              f"{row['eager_median_ms']:.0f}", f"{row['rel_l2']:.1e}"] for label, row in inductor])
     else:
         lines += ['', 'Inductor code was not timed in this run (`--compile` not given).']
-    with open(path, 'w') as f:
-        f.write('\n'.join(lines) + '\n')
+    return lines
 
 
 def plot(result: dict, path: str) -> None:
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     groups = [(model['label'].split('(')[-1].rstrip(')'), row)
               for model in result['models'].values() for row in model['onnx']]
     x = np.arange(len(groups))
@@ -212,8 +206,7 @@ def plot(result: dict, path: str) -> None:
     ax.set_title(f'UperNet + NaLaFormer-T inference, {result["device"]}')
     ax.grid(True, axis='y', which='both', alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path)
 
 
 def main() -> None:
@@ -265,9 +258,8 @@ def main() -> None:
     result['load_average_end'] = os.getloadavg()
     os.makedirs(args.out, exist_ok=True)
     stem = osp.join(args.out, 'deploy')
-    with open(stem + '.json', 'w') as f:
-        json.dump(result, f, indent=2)
-    write_markdown(result, stem + '.md')
+    write_json(stem + '.json', result)
+    write_markdown(stem + '.md', report_lines(result))
     plot(result, stem + '.png')
     print(open(stem + '.md').read())
     print(f'total {result["total_s"] / 60:.1f} min')

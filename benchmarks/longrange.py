@@ -9,9 +9,11 @@ the stage-1 token mixer can carry the answer. Each (variant, seed) trains from s
 own process through tools/train.py (every mixer has the same parameters; a seed fixes the
 initial weights and the data order) and is evaluated once on the 100 validation images. The
 first seed's model of every variant then goes through the attention analysis
-(nala_mm.analysis.attention_stats) on one validation image: Spearman(entropy, ||q||) per layer,
-NaLa's exponent saturation, and how much of an object's attention row lands on the exemplar,
-for objects that match it and objects that do not.
+(nala_mm.analysis.analyze_backbone) on one validation image, in a fresh process: Spearman(entropy,
+||q||) per layer, NaLa's exponent saturation, and how much of an object's attention row lands on
+the exemplar (nala_mm.datasets.longrange.exemplar_mass), for objects that match it and objects
+that do not. Before the runs, the control model's receptive field
+(nala_mm.analysis.receptive_field) is checked to fall short of the exemplar.
 
 Results: benchmarks/results/longrange.{json,md,png} (every run in the JSON).
 
@@ -25,26 +27,37 @@ import ast
 import json
 import os
 import os.path as osp
-import subprocess
-import sys
 import tempfile
 import time
 from statistics import mean, stdev
 from typing import Dict, List, Optional, Tuple
 
-from common import MIXER_VARIANTS, mixer_sweep_config, seed_scatter, train_config
+from nala_mm.analysis.measure import add_case_argument, print_case_result, run_case
+from nala_mm.models.mixer_specs import PRESETS, MixerPreset
 
-REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
-RESULTS = osp.join(REPO, 'benchmarks', 'results')
+from paths import REPO, RESULTS
+from report import (
+    add_report_only_argument,
+    markdown_table,
+    pm,
+    pyplot,
+    read_json,
+    save_figure,
+    seed_scatter,
+    signed,
+    write_json,
+    write_markdown,
+)
+from runs import mixer_sweep_config, train_config
+
 CONFIG_PATH = osp.join(REPO, 'configs', 'longrange', 'ade20k_longrange_segformer.py')
 CONTROL, REFERENCE = 'identity', 'softmax'
-# the issue's threshold: the task needs attention when softmax beats the control by this much at
-# every seed
+# the task needs attention when softmax beats the control by this much at every seed
 REQUIRED_GAP = 15.0
-# per training process (runs go one at a time): on the shared 2-core machine one thread kept
-# its speed when another job ran, where two threads slowed down several-fold
+# per training process (runs go one at a time): one thread keeps its speed beside other jobs
+# on a small machine, where more threads per run slow down several-fold
 THREADS = 1
-VARIANTS: Dict[str, dict] = MIXER_VARIANTS
+VARIANTS: Dict[str, MixerPreset] = PRESETS
 # the attention-row picture: one query, these mixers side by side
 PICTURE = ('nala-cosine', 'linear-relu', 'softmax')
 
@@ -110,18 +123,17 @@ def per_class_iou(work_dir: str) -> dict:
 
 
 # ------------------------------------------------------------------------------ attention
-def stats_case(config: str, checkpoint: str, image: str, out: str, seed: int) -> None:
+def stats_case(config: str, checkpoint: str, image: str, seed: int) -> dict:
     """Child process: Figure-1 statistics of every attention layer of one trained model on one
-    validation image, and the attention rows of its objects' centres (JSON at ``out``)."""
+    validation image, and the attention rows of its objects' centres."""
     import mmcv
     import torch
     from mmengine.runner import load_checkpoint
+
     from nala_mm import compat
-    from nala_mm.analysis import (attention_layers, build_model_from_config, capture_inputs,
-                                  layer_statistics, preprocess, stage_of)
-    from nala_mm.analysis.attention_stats import SATURATION, exponent_ceiling
-    from nala_mm.datasets.longrange import sample_scene, scene_rng
-    from nala_mm.models import NormAwareLinearAttention
+    from nala_mm.analysis import analyze_backbone, preprocess
+    from nala_mm.config_loading import build_model_from_config
+    from nala_mm.datasets.longrange import MATCH_CLASS, exemplar_mass, sample_scene, scene_rng
 
     torch.set_num_threads(THREADS)
     compat.install()
@@ -132,96 +144,40 @@ def stats_case(config: str, checkpoint: str, image: str, out: str, seed: int) ->
     index = int(osp.splitext(osp.basename(image))[0].rsplit('_', 1)[1])
     scene = sample_scene(scene_rng(seed, 1, index), height, width)  # 1: the validation split
     points = [(float(o.cx), float(o.cy)) for o in scene.objects]
-    matches = [scene.object_class(o) == 'windowpane' for o in scene.objects]
-    inputs = preprocess(model, bgr)
-    layers = attention_layers(model.backbone)
-    captured = capture_inputs(model.backbone, layers, inputs)
+    matches = [scene.object_class(o) == MATCH_CLASS for o in scene.objects]
     entries, maps = [], {}
-    for name, layer in layers.items():
-        stats = layer_statistics(layer, captured.pop(name), points, (height, width))
-        entry = stats.summary(name, stage_of(name))
-        if isinstance(layer, NormAwareLinearAttention) and layer.cfg.norm_aware:
-            # the exponent as the layer computes it (with query_norm='rms' tanh reads
-            # ||q|| / sqrt(d), which attention_stats.saturated_share does not know)
-            power = layer.query_map.power(torch.from_numpy(stats.qnorm).double(),
-                                          layer.head_dims)
-            ceiling = exponent_ceiling(layer)
-            entry['saturated_share'] = float((power >= SATURATION * ceiling).double().mean())
-            entry['exponent_mean_over_ceiling'] = float(power.mean() / ceiling)
-        entry.update(exemplar_mass(stats, scene, (height, width), matches))
+    analysed = analyze_backbone(model.backbone, preprocess(model, bgr), points, (height, width))
+    for name, stats in analysed.items():
+        entry = stats.summary(name)
+        entry.update(exemplar_mass(scene, stats.maps, stats.grid))
         entries.append(entry)
         if entry['stage'] == 0:  # the trained layer's rows, for the picture (4 digits suffice)
             maps[name] = [[[float(f'{w:.4g}') for w in row] for row in m] for m in stats.maps]
-    with open(out, 'w') as f:
-        json.dump(dict(image=image, points=points, matches=matches, layers=entries, maps=maps,
-                       exemplar_box=list(scene.exemplar_box)), f)
+    return dict(image=image, points=points, matches=matches, layers=entries, maps=maps,
+                exemplar_box=list(scene.exemplar_box))
 
 
-def exemplar_mass(stats, scene, size: Tuple[int, int], matches: List[bool]) -> dict:
-    """Share of the absolute weight of each object's attention row (RoPE on, mean over heads)
-    that lands on the exemplar's tokens, averaged over the objects that match it and over those
-    that do not, and the exemplar's share of the tokens (what a uniform row puts there). A
-    mixer that compares an object with the exemplar looks there harder for one kind."""
-    import numpy as np
-    rows, cols = stats.grid
-    y0, x0, y1, x1 = scene.exemplar_box
-    ty = (np.arange(rows) + 0.5) * size[0] / rows
-    tx = (np.arange(cols) + 0.5) * size[1] / cols
-    inside = ((ty >= y0) & (ty < y1))[:, None] & ((tx >= x0) & (tx < x1))[None, :]
-    shares = {True: [], False: []}
-    for match, weights in zip(matches, stats.maps):
-        magnitude = np.abs(weights)
-        total = magnitude.sum()
-        shares[match].append(float(magnitude[inside].sum() / total) if total > 0 else 0.0)
-    return dict(exemplar_mass_match=mean(shares[True]) if shares[True] else None,
-                exemplar_mass_other=mean(shares[False]) if shares[False] else None,
-                exemplar_token_share=float(inside.mean()))
-
-
-def conv_reach(config: str = CONFIG_PATH, pixels: int = 8) -> int:
+def control_reach() -> int:
     """How far (Chebyshev, px) the input pixels that can change a pixel's logits lie from it in
-    the control model (no token mixing: only convolutions and the decoder's upsampling move
-    information), over a ``pixels x pixels`` block of output pixels (every phase of the stride-4
-    grid and more). In eval mode (BatchNorm uses its running statistics), by gradients."""
-    import torch
-    from nala_mm.analysis import build_model_from_config
+    the long-range config's control model, randomly initialised
+    (:func:`~nala_mm.analysis.receptive_field.conv_reach`)."""
+    from nala_mm.analysis.receptive_field import conv_reach
+    from nala_mm.config_loading import build_model_from_config
     from nala_mm.datasets.longrange import DEFAULT_SIZE
-    from mmseg.models.utils import resize
     model, _ = build_model_from_config(
-        config, {'model.backbone.mixers': [dict(type='IdentityAttention')] * 4})
+        CONFIG_PATH, {'model.backbone.mixers': [dict(PRESETS[CONTROL].mixer)] * 4})
     model.init_weights()
-    height, width = DEFAULT_SIZE
-    image = torch.randn(1, 3, height, width, requires_grad=True)
-    logits = resize(model.decode_head(model.backbone(image)), size=(height, width),
-                    mode='bilinear', align_corners=False)
-    weights = torch.randn(logits.shape[1], generator=torch.Generator().manual_seed(0))
-    reach = 0
-    top = height // 2 - pixels // 2
-    for y in range(top, top + pixels):
-        for x in range(top, top + pixels):
-            grad, = torch.autograd.grad((logits[0, :, y, x] * weights).sum(), image,
-                                        retain_graph=True)
-            ys, xs = torch.nonzero(grad.abs().sum(dim=(0, 1)) > 0, as_tuple=True)
-            reach = max(reach, int((ys - y).abs().max()), int((xs - x).abs().max()))
-    return reach
+    return conv_reach(model, DEFAULT_SIZE)
 
 
 def attention_stats(variant: str, config: str, checkpoint: str, image: str,
                     seed: int) -> dict:
-    with tempfile.NamedTemporaryFile(suffix='.json', delete=False) as f:
-        out = f.name
-    env = dict(os.environ, PYTHONPATH=REPO, PYTHONWARNINGS='ignore')
-    proc = subprocess.run([sys.executable, osp.abspath(__file__), '--stats-case', config,
-                           checkpoint, image, out, str(seed)], cwd=REPO, capture_output=True,
-                          text=True, env=env)
-    if proc.returncode != 0:
-        lines = proc.stderr.strip().splitlines()
-        return dict(variant=variant, error=lines[-1] if lines else f'exit {proc.returncode}')
-    with open(out) as f:
-        result = json.load(f)
-    os.remove(out)
-    result['variant'] = variant
-    return result
+    """:func:`stats_case` in a fresh process (a trained model per variant, none kept here)."""
+    result = run_case(osp.abspath(__file__), dict(config=config, checkpoint=checkpoint,
+                                                  image=image, seed=seed),
+                      env=dict(PYTHONWARNINGS='ignore'))
+    return dict(variant=variant, error=result['error']) if 'error' in result else \
+        dict(result, variant=variant)
 
 
 # ------------------------------------------------------------------------------ summary
@@ -266,43 +222,53 @@ def control_gaps(summary: Dict[str, dict]) -> Optional[dict]:
     return dict(gaps=gaps, required=REQUIRED_GAP, holds=all(g >= REQUIRED_GAP for g in gaps))
 
 
-def pm(value: Optional[float], spread: Optional[float], sign: bool = False) -> str:
-    if value is None:
-        return '-'
-    return f"{value:+.2f} ± {spread or 0:.2f}" if sign else f'{value:.2f} ± {spread or 0:.2f}'
-
-
 def percent(value: Optional[float]) -> str:
     return '-' if value is None else f'{100 * value:.1f}%'
 
 
-def stats_rows(saved: dict) -> List[str]:
-    """The attention table: every layer of one trained model per mixer."""
-    lines = ['| mixer, layer | Spearman(entropy, ‖q‖) | mean ‖q‖ | saturated exponent | '
-             'row on exemplar: matching objects | others | exemplar token share |',
-             '|---|---|---|---|---|---|---|']
+def stats_rows(saved: dict) -> List[List[str]]:
+    """The attention table's rows: every layer of one trained model per mixer."""
     labels = {v: s['label'] for v, s in saved['summary'].items()}
+    rows = []
     for variant, result in saved.get('attention', {}).items():
+        label = labels.get(variant, variant)
         if 'error' in result:
-            lines.append(f"| {labels.get(variant, variant)} | error: {result['error']} "
-                         f'| | | | | |')
+            rows.append([label, f"error: {result['error']}"] + [''] * 5)
             continue
         for layer in result['layers']:
             rho = layer['spearman_entropy_vs_qnorm']
-            lines.append(
-                f"| {labels.get(variant, variant)}, {layer['layer']} | "
-                f"{'-' if rho is None else f'{rho:+.3f}'} | {layer['qnorm_mean']:.2f} | "
-                f"{percent(layer.get('saturated_share'))} | "
-                f"{percent(layer['exemplar_mass_match'])} | "
-                f"{percent(layer['exemplar_mass_other'])} | "
-                f"{percent(layer['exemplar_token_share'])} |")
-    return lines
+            rows.append([f"{label}, {layer['layer']}", '-' if rho is None else f'{rho:+.3f}',
+                         f"{layer['qnorm_mean']:.2f}", percent(layer.get('saturated_share')),
+                         percent(layer['exemplar_mass_match']),
+                         percent(layer['exemplar_mass_other']),
+                         percent(layer['exemplar_token_share'])])
+    return rows
+
+
+def summary_row(row: dict) -> List[str]:
+    """A mixer's line of the main table."""
+    cells = [row['label'], str(row['runs']), pm(row['mIoU_mean'], row['mIoU_std']),
+             pm(row['object_mIoU_mean'], row['object_mIoU_std'])]
+    for key in ('vs_control', 'vs_softmax'):
+        deltas = row[f'{key}_deltas']
+        cells.append('-' if not deltas else pm(row[f'{key}_mean'], row[f'{key}_std'], True)
+                     + f' ({signed(deltas)})')
+    cells.append('-' if row['sec_per_iter_best'] is None else f"{row['sec_per_iter_best']:.2f}")
+    return cells
+
+
+def run_row(r: dict) -> List[str]:
+    """A run's line of the per-run table."""
+    if 'mIoU' not in r:
+        return [r['variant'], r['seed'], '-', '-', '-', f"error: {r['error']}", '-']
+    obj = '-' if 'object_mIoU' not in r else f"{r['object_mIoU']:.2f}"
+    return [r['variant'], r['seed'], f"{r['mIoU']:.2f}", obj, f"{r['aAcc']:.2f}",
+            f"{r['final_loss']:.3f}", f"{r['sec_per_iter']:.2f}"]
 
 
 def write_outputs(saved: dict, stem: str) -> None:
     runs, summary = saved['runs'], saved['summary']
-    with open(stem + '.json', 'w') as f:
-        json.dump(saved, f, indent=2)
+    write_json(stem + '.json', saved)
     gaps = saved.get('control_gap')
     lines = ['# Token mixers on the long-range exemplar task', '',
              f"{saved['config']}, one mixer in all four stages, from scratch, {saved['iters']} "
@@ -311,59 +277,43 @@ def write_outputs(saved: dict, stem: str) -> None:
              f"'differs'; a model blind to the exemplar scores {saved['chance_mIoU']:.2f} mIoU "
              f'at chance); time per training iteration on this CPU, one thread.', '']
     if gaps:
-        lines += [f"Softmax minus control at each seed: "
-                  f"{', '.join(f'{g:+.2f}' for g in gaps['gaps'])} (required: every gap "
-                  f">= {gaps['required']:.0f}; {'holds' if gaps['holds'] else 'does NOT hold'}).",
-                  '']
-    lines += ['| mixer | runs | mIoU mean ± std | object mIoU mean ± std | − control, same seed '
-              '(per seed) | − softmax, same seed (per seed) | s / iter (best seed) |',
-              '|---|---|---|---|---|---|---|']
-    for variant, row in summary.items():
-        cells = [row['label'], str(row['runs']), pm(row['mIoU_mean'], row['mIoU_std']),
-                 pm(row['object_mIoU_mean'], row['object_mIoU_std'])]
-        for key in ('vs_control', 'vs_softmax'):
-            deltas = row[f'{key}_deltas']
-            cells.append('-' if not deltas else pm(row[f'{key}_mean'], row[f'{key}_std'], True)
-                         + ' (' + ', '.join(f'{d:+.2f}' for d in deltas) + ')')
-        cells.append('-' if row['sec_per_iter_best'] is None else
-                     f"{row['sec_per_iter_best']:.2f}")
-        lines.append('| ' + ' | '.join(cells) + ' |')
+        lines += [f"Softmax minus control at each seed: {signed(gaps['gaps'])} (required: every "
+                  f"gap >= {gaps['required']:.0f}; "
+                  f"{'holds' if gaps['holds'] else 'does NOT hold'}).", '']
+    lines += markdown_table(
+        ['mixer', 'runs', 'mIoU mean ± std', 'object mIoU mean ± std',
+         '− control, same seed (per seed)', '− softmax, same seed (per seed)',
+         's / iter (best seed)'], [summary_row(row) for row in summary.values()])
     if saved.get('attention'):
         lines += ['', f"## Attention of one trained model per mixer (seed {saved['seeds'][0]}, "
                       f"{saved['stats_image']})", '',
                   'Only stage 1 is decoded, so only layers.0 is trained; the other stages '
                   'get no gradient and stay at their initialisation.', '']
-        lines += stats_rows(saved)
+        lines += markdown_table(
+            ['mixer, layer', 'Spearman(entropy, ‖q‖)', 'mean ‖q‖', 'saturated exponent',
+             'row on exemplar: matching objects', 'others', 'exemplar token share'],
+            stats_rows(saved))
     calibration = saved.get('calibration')
     if calibration:
         lines += ['', '## Calibration (softmax against the control only, before freezing)', '',
-                  calibration['note'], '',
-                  '| design | schedule | softmax mIoU | control mIoU |', '|---|---|---|---|']
-        lines += [f"| {step['design']} | {step['schedule']} | "
-                  f"{', '.join(f'{m:.2f}' for m in step['softmax'])} | "
-                  f"{', '.join(f'{m:.2f}' for m in step['control']) or '-'} |"
-                  for step in calibration['steps']]
-    lines += ['', '| mixer | seed | mIoU | object mIoU | aAcc | final loss | s / iter |',
-              '|---|---|---|---|---|---|---|']
-    for r in runs:
-        if 'mIoU' not in r:
-            lines.append(f"| {r['variant']} | {r['seed']} | - | - | - | error: {r['error']} | - |")
-            continue
-        obj = '-' if 'object_mIoU' not in r else f"{r['object_mIoU']:.2f}"
-        lines.append(f"| {r['variant']} | {r['seed']} | {r['mIoU']:.2f} | {obj} | "
-                     f"{r['aAcc']:.2f} | {r['final_loss']:.3f} | {r['sec_per_iter']:.2f} |")
-    with open(stem + '.md', 'w') as f:
-        f.write('\n'.join(lines) + '\n')
+                  calibration['note'], '']
+        lines += markdown_table(
+            ['design', 'schedule', 'softmax mIoU', 'control mIoU'],
+            [[step['design'], step['schedule'], ', '.join(f'{m:.2f}' for m in step['softmax']),
+              ', '.join(f'{m:.2f}' for m in step['control']) or '-']
+             for step in calibration['steps']])
+    lines += ['']
+    lines += markdown_table(['mixer', 'seed', 'mIoU', 'object mIoU', 'aAcc', 'final loss',
+                             's / iter'], [run_row(r) for r in runs])
+    write_markdown(stem + '.md', lines)
     plot(saved, stem + '.png')
 
 
 def plot(saved: dict, path: str) -> None:
     """Top: mIoU per mixer and seed. Below: one object's stage-1 attention row for NaLa, plain
     linear attention and softmax side by side, for a matching and a differing object."""
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
     import numpy as np
+    plt = pyplot()
     runs, summary, stats = saved['runs'], saved['summary'], saved.get('attention', {})
     pictured = [v for v in PICTURE if v in stats and 'maps' in stats[v]]
     layer = 'layers.0.blocks.0.attn'
@@ -405,15 +355,13 @@ def plot(saved: dict, path: str) -> None:
                 limit = float(np.abs(weights).max()) or 1.0
                 ax.imshow(weights, cmap='RdBu_r', vmin=-limit, vmax=limit, alpha=0.8,
                           extent=(-0.5, width - 0.5, height - 0.5, -0.5))
-                ax.add_patch(matplotlib.patches.Rectangle(
+                ax.add_patch(plt.Rectangle(
                     (ex0 - 0.5, ey0 - 0.5), ex1 - ex0, ey1 - ey0, fill=False, color='black',
                     lw=0.8))
                 ax.set_title(f"{summary.get(variant, {}).get('label', variant)}\n"
                              f'stage-1 row (RoPE on, mean over heads)', fontsize=8)
                 ax.axis('off')
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
 
 
 # ------------------------------------------------------------------------------ main
@@ -426,30 +374,25 @@ def main() -> None:
                         "'LinearAttention', feature_map='elu')\"; repeatable; runs as "
                         "'custom-<i>' beside --variants")
     parser.add_argument('--seeds', nargs='+', type=int, default=[0, 1, 2])
-    # the schedule of the committed results (benchmarks/results/longrange.json), chosen so the
-    # whole sweep fits in about an hour on the 2-core CPU
+    # the schedule of the committed results (benchmarks/results/longrange.json)
     parser.add_argument('--iters', type=int, default=1500)
     parser.add_argument('--no-stats', action='store_true',
                         help='skip the attention analysis of the first seed')
     parser.add_argument('--out', default=RESULTS)
-    parser.add_argument('--report-only', action='store_true',
-                        help='rewrite the markdown table and plot from OUT/longrange.json')
+    add_report_only_argument(parser, 'longrange')
     parser.add_argument('--calibration', metavar='JSON',
                         help='with --report-only: store this calibration record (the designs '
                              'tried, softmax against the control) in OUT/longrange.json')
-    parser.add_argument('--stats-case', nargs=5, help=argparse.SUPPRESS)
+    add_case_argument(parser)
     args = parser.parse_args()
-    if args.stats_case:
-        config, checkpoint, image, out, seed = args.stats_case
-        stats_case(config, checkpoint, image, out, int(seed))
+    if args.case is not None:
+        print_case_result(stats_case(**args.case))
         return
     stem = osp.join(args.out, 'longrange')
     if args.report_only:
-        with open(stem + '.json') as f:
-            saved = json.load(f)
+        saved = read_json(stem + '.json')
         if args.calibration:
-            with open(args.calibration) as f:
-                saved['calibration'] = json.load(f)
+            saved['calibration'] = read_json(args.calibration)
         write_outputs(saved, stem)
         print(open(stem + '.md').read())
         return
@@ -459,19 +402,19 @@ def main() -> None:
         os.environ[var] = str(THREADS)
     os.chdir(REPO)  # the config's data root is relative to the repository
     from mmengine.config import Config
-    from nala_mm.datasets.longrange import generate_longrange, local_chance_miou
+
+    from nala_mm.datasets.longrange import FAR_PX, generate_longrange, local_chance_miou
     cfg = Config.fromfile(CONFIG_PATH)
     data_root = cfg.train_dataloader.dataset.data_root
     data = generate_longrange(data_root, image_size=cfg.image_size)
     variants = {v: VARIANTS[v] for v in args.variants}
     for i, mixer in enumerate(args.mixer):
-        variants[f'custom-{i}'] = dict(label=f'{mixer}', mixer=mixer)
-    labels = {v: spec['label'] for v, spec in variants.items()}
+        variants[f'custom-{i}'] = MixerPreset(label=f'{mixer}', mixer=mixer)
+    labels = {v: spec.label for v, spec in variants.items()}
     stats_image = osp.join(data_root, 'images', 'validation', 'ADE_val_00000000.jpg')
     import torch
     torch.set_num_threads(THREADS)
-    from nala_mm.datasets.longrange import FAR_PX
-    reach = conv_reach()
+    reach = control_reach()
     if reach >= FAR_PX:
         raise RuntimeError(f'the control model\'s convolutions reach {reach} px, as far as the '
                            f'exemplar ({FAR_PX} px): the task would not need token mixing')
@@ -481,7 +424,7 @@ def main() -> None:
                                             num_val=data['num_val'],
                                             class_pixel_fraction=data['class_pixel_fraction']),
                  chance_mIoU=local_chance_miou(data['class_pixel_fraction']),
-                 mixers={v: spec['mixer'] for v, spec in variants.items()},
+                 mixers={v: spec.mixer for v, spec in variants.items()},
                  stats_image=osp.relpath(stats_image, REPO), runs=[], attention={})
     from tqdm import tqdm
     # seeds outermost: an interrupted sweep still has every variant at the first seeds
@@ -491,7 +434,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix='nala_longrange_') as work_root:
         for variant, seed in (progress := tqdm(cases, desc='long-range runs')):
             progress.set_postfix_str(f'{variant} seed {seed}')
-            run = run_one(variant, variants[variant]['mixer'], seed, args.iters, work_root)
+            run = run_one(variant, variants[variant].mixer, seed, args.iters, work_root)
             saved['runs'].append(run)
             progress.write(json.dumps(run))
             if seed == args.seeds[0] and not args.no_stats and 'mIoU' in run:

@@ -23,10 +23,10 @@ import os.path as osp
 import tempfile
 from typing import Dict, List
 
-from common import train_config
+from paths import REPO, RESULTS
+from report import markdown_table, write_json, write_markdown
+from runs import train_config
 
-REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
-RESULTS = osp.join(REPO, 'benchmarks', 'results')
 DEMO = osp.join(REPO, 'configs', 'demo', 'coco_demo_nala_mask-rcnn.py')
 VARIANTS: Dict[str, dict] = {
     'nala': dict(label='NaLaFormer, out_norm=False (the demo)',
@@ -67,27 +67,23 @@ def run_one(variant: str, epochs: int, seed: int, work_root: str) -> dict:
 
 
 def write_outputs(runs: List[dict], args, stem: str) -> None:
-    with open(stem + '.json', 'w') as f:
-        json.dump(dict(config=osp.relpath(DEMO, REPO), epochs=args.epochs, seed=args.seed,
-                       data='embedded synthetic COCO-format data (make demo-det)', runs=runs),
-                  f, indent=2)
+    write_json(stem + '.json', dict(config=osp.relpath(DEMO, REPO), epochs=args.epochs,
+                                    seed=args.seed,
+                                    data='embedded synthetic COCO-format data (make demo-det)',
+                                    runs=runs))
     lines = ['# Mask R-CNN from scratch: per-output LayerNorm or not (embedded demo data)', '',
              f'The detection demo config, {args.epochs} epochs, seed {args.seed}; only the '
              f'backbone differs. mAP on the 30 validation images; the RoI classifier\'s last '
              f'logged loss and accuracy (a stall sits at the class prior: accuracy = background '
-             f'share).', '',
-             '| backbone | bbox mAP | bbox AP50 | segm mAP | segm AP50 | loss_cls | acc | '
-             'loss_mask |', '|---|---|---|---|---|---|---|---|']
-    for r in runs:
-        if 'error' in r:
-            lines.append(f"| {r['variant']} | error: {r['error']} | | | | | | |")
-            continue
-        lines.append(f"| {r['label']} | {r['bbox_mAP']:.3f} | {r['bbox_mAP_50']:.3f} | "
-                     f"{r['segm_mAP']:.3f} | {r['segm_mAP_50']:.3f} | "
-                     f"{r['final_loss_cls']:.3f} | {r['final_acc']:.1f} | "
-                     f"{r['final_loss_mask']:.3f} |")
-    with open(stem + '.md', 'w') as f:
-        f.write('\n'.join(lines) + '\n')
+             f'share).', '']
+    lines += markdown_table(
+        ['backbone', 'bbox mAP', 'bbox AP50', 'segm mAP', 'segm AP50', 'loss_cls', 'acc',
+         'loss_mask'],
+        [[r['variant'], f"error: {r['error']}"] + [''] * 6 if 'error' in r else
+         [r['label'], f"{r['bbox_mAP']:.3f}", f"{r['bbox_mAP_50']:.3f}", f"{r['segm_mAP']:.3f}",
+          f"{r['segm_mAP_50']:.3f}", f"{r['final_loss_cls']:.3f}", f"{r['final_acc']:.1f}",
+          f"{r['final_loss_mask']:.3f}"] for r in runs])
+    write_markdown(stem + '.md', lines)
 
 
 def main() -> None:
@@ -100,6 +96,7 @@ def main() -> None:
     args = parser.parse_args()
     os.chdir(REPO)  # the demo config's data root is relative to the repository
     from mmengine.config import Config
+
     from nala_mm.datasets.synthetic_coco import generate_coco_like
     generate_coco_like(Config.fromfile(DEMO).train_dataloader.dataset.data_root)
     from tqdm import tqdm

@@ -4,7 +4,7 @@ from their configs: inference and training step against the input size.
 Inference: eval mode, batch 1, ``torch.no_grad``, ``forward(mode='tensor')`` (backbone + decode
 head, the logits at 1/4 scale). Training step: train mode, ``forward(mode='loss')`` on random
 150-class label maps (decode and auxiliary heads), the summed loss's backward, batch 2.
-Measuring, processes and outputs: benchmarks/common.py.
+Processes, report and plot: benchmarks/sweep.py.
 Results: benchmarks/results/segmentor.{json,md,png} (``segmentor_cuda.*`` on GPU).
 Discussed in docs/speed.md.
 
@@ -16,9 +16,11 @@ from typing import Dict
 
 import torch
 
-from common import Step, sweep_cli
+from nala_mm.analysis.measure import Step
 
-REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
+from paths import REPO
+from sweep import sweep_cli
+
 SEGMENTORS: Dict[str, dict] = {
     'nala_t_linear': dict(label='UperNet + NaLaFormer-T (all linear)',
                           config=osp.join(REPO, 'configs', 'ade20k_nala-t-linear_upernet.py')),
@@ -35,7 +37,7 @@ def segmentor_step(name: str, side: int, mode: str, batch: int, device: str) -> 
     from mmengine.structures import PixelData
     from mmseg.structures import SegDataSample
 
-    from nala_mm.analysis import build_model_from_config
+    from nala_mm.config_loading import build_model_from_config
     # no downloads or authors' files here: random initialisation (weights do not matter)
     model, _ = build_model_from_config(SEGMENTORS[name]['config'],
                                        {'model.backbone.init_cfg': None})

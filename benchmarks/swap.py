@@ -4,7 +4,7 @@ mmdet's PVTv2-B0, each stock against its NaLa-swapped versions (nala_mm.models.s
 
 Per family, the models are timed in turns in one process (time ratio = median of per-round ratios
 against the stock parent) and each model's peak memory is taken in a fresh process of its own
-(benchmarks/common.py). Parameters and FLOPs (nala_mm.analysis.count_flops, which counts the
+(benchmarks/sweep.py). Parameters and FLOPs (nala_mm.analysis.count_flops, which counts the
 swapped mixers' fast op) come from one traced forward per model and size. The NaLa mixers use the
 paper's cosine kernel (the 'nala' shorthand), as the configs in configs/swap/ do. Results:
 benchmarks/results/swap.{json,md,png}; discussed in docs/swap.md.
@@ -14,7 +14,6 @@ benchmarks/results/swap.{json,md,png}; discussed in docs/swap.md.
     python benchmarks/swap.py --sizes 512 --families mit --repeats 2
 """
 import argparse
-import json
 import os
 import os.path as osp
 from typing import Dict, List
@@ -22,8 +21,11 @@ from typing import Dict, List
 import torch
 from torch import nn
 
-from common import (RESULTS, device_name, fmt, in_turns, markdown_table, measure, run_cases,
-                    sweep_plot, write_json, write_markdown)
+from nala_mm.analysis.measure import add_case_argument, device_name, print_case_result
+
+from paths import RESULTS
+from report import fmt, markdown_table, read_json, write_json, write_markdown
+from sweep import run_cases, sweep_case, sweep_plot
 
 NALA_12 = ('nala', 'nala', 'softmax', 'softmax')
 SWIN_T = dict(embed_dims=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24), window_size=7)
@@ -49,16 +51,20 @@ MODELS = {name: dict(spec, family=family) for family, models in FAMILIES.items()
 
 
 def build(name: str) -> nn.Module:
-    import nala_mm  # noqa: F401  (registers the swapped backbones)
     from mmdet.models.backbones import PyramidVisionTransformerV2
     from mmseg.models.backbones import MixVisionTransformer, SwinTransformer
 
-    from nala_mm.models.swap import det, seg
+    import nala_mm  # noqa: F401  (registers the swapped backbones)
+    from nala_mm.models.swap import (
+        NaLaMixVisionTransformer,
+        NaLaPyramidVisionTransformerV2,
+        SegNaLaSwinTransformer,
+    )
     spec = MODELS[name]
     stock, swapped, kwargs = {
-        'swin': (SwinTransformer, seg.NaLaSwinTransformer, SWIN_T),
-        'mit': (MixVisionTransformer, seg.NaLaMixVisionTransformer, B0),
-        'pvt': (PyramidVisionTransformerV2, det.NaLaPyramidVisionTransformerV2, B0),
+        'swin': (SwinTransformer, SegNaLaSwinTransformer, SWIN_T),
+        'mit': (MixVisionTransformer, NaLaMixVisionTransformer, B0),
+        'pvt': (PyramidVisionTransformerV2, NaLaPyramidVisionTransformerV2, B0),
     }[spec['family']]
     model = stock(**kwargs) if spec['mixers'] is None else swapped(mixers=spec['mixers'],
                                                                    **kwargs)
@@ -90,7 +96,7 @@ def flops_and_params(name: str, sides: List[int]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('--case', nargs=8, help=argparse.SUPPRESS)
+    add_case_argument(parser)
     parser.add_argument('--sizes', nargs='+', type=int, default=[512, 1024, 2048])
     parser.add_argument('--families', nargs='+', choices=list(FAMILIES), default=list(FAMILIES))
     parser.add_argument('--repeats', type=int, default=3, help='timed rounds in turns')
@@ -111,23 +117,15 @@ def main() -> None:
     if args.threads:
         os.environ['OMP_NUM_THREADS'] = str(args.threads)  # the measuring processes inherit it
         torch.set_num_threads(args.threads)
-    if args.case:  # child: one measurement; in turns, the first model is the reference
-        name, side, mode, batch, repeats, warmup, device, what = args.case
-        torch.manual_seed(0)
-        names = name.split('+')
-        if what == 'turns':
-            steps = {n: forward_step(n, int(side), mode, int(batch), device) for n in names}
-            print(json.dumps(in_turns(steps, names[0], int(repeats), int(warmup), device)))
-        else:
-            step = forward_step(name, int(side), mode, int(batch), device)
-            print(json.dumps(measure(step, what, int(repeats), int(warmup), device)))
+    if args.case is not None:
+        print_case_result(sweep_case(args.case, forward_step))
         return
     script = osp.abspath(__file__)
     rows, costs = [], {}
     for family in args.families:
         models = FAMILIES[family]
         rows += run_cases(script, models, {'fwd': args.sizes}, {'fwd': 1}, args.repeats,
-                          args.warmup, args.device, args.timeout)
+                          args.warmup, args.device, args.timeout, reference=next(iter(models)))
         for name in models:  # traced here: the measurements above ran in their own processes
             costs[name] = flops_and_params(name, args.sizes)
     for row in rows:  # ratios against the family's stock parent at the same size
@@ -151,8 +149,7 @@ def main() -> None:
 
 def report(path: str) -> None:
     """``path.md`` and ``path.png`` from ``path.json`` (``--report`` redraws them alone)."""
-    with open(path + '.json') as f:
-        saved = json.load(f)
+    saved = read_json(path + '.json')
     models = {name: dict(label=label) for name, label in saved['models'].items()}
     lines = [f"# Stock backbones with NaLa swapped in ({saved['device']})", '',
              f"torch {saved['torch']}; inference, batch 1, eval mode, no grad. Time: the models of "
@@ -170,6 +167,7 @@ def report(path: str) -> None:
     write_markdown(path + '.md', lines)
     sweep_plot(saved['rows'], models, path + '.png')
     print(open(path + '.md').read())
+
 
 if __name__ == '__main__':
     main()

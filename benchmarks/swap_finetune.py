@@ -11,6 +11,7 @@ Results: benchmarks/results/swap_finetune.{json,md,png}; discussed in docs/swap.
 
     python benchmarks/swap_finetune.py                       # 3 seeds (make swap-study)
     python benchmarks/swap_finetune.py --seeds 0 --pretrain-iters 40 --finetune-iters 20
+    python benchmarks/swap_finetune.py --report-only        # table and plot from the JSON
 """
 import argparse
 import json
@@ -23,9 +24,22 @@ import tempfile
 from statistics import mean, stdev
 from typing import Dict, List
 
-from common import RESULTS, pyplot, train_config
+from nala_mm.analysis.measure import error_of
 
-REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
+from paths import REPO, RESULTS
+from report import (
+    add_report_only_argument,
+    markdown_table,
+    pm,
+    pyplot,
+    read_json,
+    save_figure,
+    signed,
+    write_json,
+    write_markdown,
+)
+from runs import tool_env, train_config
+
 DEMO = osp.join(REPO, 'configs', 'demo', 'ade20k_demo_nala_upernet.py')
 SWIN = dict(embed_dims=32, depths=(2, 2, 2, 2), num_heads=(1, 2, 4, 8), window_size=7,
             drop_path_rate=0.1)
@@ -74,15 +88,16 @@ def swapped_checkpoint(config: str, softmax_checkpoint: str, out: str) -> str:
     import torch
     from mmengine.config import Config
     from mmengine.registry import init_default_scope
-
-    import nala_mm  # noqa: F401
     from mmseg.registry import MODELS
+
+    from nala_mm import compat
+    compat.install()  # a Runner checkpoint loads weights-only (nala_mm.compat)
     cfg = Config.fromfile(config)
     cfg.model.backbone.init_cfg = dict(type='Pretrained', checkpoint=softmax_checkpoint)
     init_default_scope('mmseg')
     model = MODELS.build(cfg.model)
     model.backbone.init_weights()
-    state = torch.load(softmax_checkpoint, map_location='cpu', weights_only=False)['state_dict']
+    state = torch.load(softmax_checkpoint, map_location='cpu')['state_dict']
     heads = {k: v for k, v in state.items() if not k.startswith('backbone.')}
     missing, unexpected = model.load_state_dict(heads, strict=False)
     if unexpected or [k for k in missing if not k.startswith('backbone.')]:
@@ -95,9 +110,9 @@ def swapped_checkpoint(config: str, softmax_checkpoint: str, out: str) -> str:
 def test_miou(config: str, checkpoint: str, work_dir: str) -> float:
     proc = subprocess.run([sys.executable, osp.join(REPO, 'tools', 'test.py'), config, checkpoint,
                            '--work-dir', work_dir], cwd=REPO, capture_output=True, text=True,
-                          env=dict(os.environ, PYTHONPATH=REPO, PYTHONWARNINGS='ignore'))
+                          env=tool_env())
     if proc.returncode != 0:
-        raise RuntimeError(proc.stderr.strip().splitlines()[-1])
+        raise RuntimeError(error_of(proc))
     return float(re.findall(r'mIoU: ([\d.]+)', proc.stdout + proc.stderr)[-1])
 
 
@@ -125,11 +140,16 @@ def one_seed(seed: int, pretrain_iters: int, finetune_iters: int, root: str) -> 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('--out', default=RESULTS)
+    add_report_only_argument(parser, 'swap_finetune')
     parser.add_argument('--seeds', type=int, nargs='+', default=[0, 1, 2])
     parser.add_argument('--pretrain-iters', type=int, default=1000)
     parser.add_argument('--finetune-iters', type=int, default=300)
-    parser.add_argument('--out', default=RESULTS)
     args = parser.parse_args()
+    stem = osp.join(args.out, 'swap_finetune')
+    if args.report_only:
+        write_outputs(read_json(stem + '.json'), stem)
+        return
     from mmengine.config import Config
     from tqdm import tqdm
 
@@ -157,34 +177,40 @@ def main() -> None:
                    seeds=args.seeds, arms={k: v['label'] for k, v in ARMS.items()},
                    runs=runs, summary=summary)
     os.makedirs(args.out, exist_ok=True)
-    stem = osp.join(args.out, 'swap_finetune')
-    with open(stem + '.json', 'w') as f:
-        json.dump(payload, f, indent=2)
+    write_outputs(payload, stem)
+
+
+def write_outputs(payload: dict, stem: str) -> None:
+    """``stem.json``, the tables in ``stem.md`` and the plot ``stem.png`` (``--report-only``
+    rewrites the last two from the first)."""
+    write_json(stem + '.json', payload)
+    runs, summary = payload['runs'], payload['summary']
+    pretrain, finetune = payload['pretrain_iters'], payload['finetune_iters']
 
     def cell(key):
-        s = summary[key]
-        return f"{s['mean']:.2f} ± {s['std'] or 0:.2f}"
+        return pm(summary[key]['mean'], summary[key]['std'])
 
     lines = ['# Swapping a trained Swin to NaLa: recovery after the swap (embedded demo data)', '',
-             f"Swin (embed 32, depths 2-2-2-2, window 7) + UperNet, trained {args.pretrain_iters} "
-             f"iterations of batch 4 with softmax, then {args.finetune_iters} more in each arm (same "
-             f"schedule and seed); mIoU on the 40 validation images, seeds {args.seeds}.", '',
-             '| stage | mIoU mean ± std |', '|---|---|',
-             f'| softmax, after {args.pretrain_iters} iterations | {cell("pretrained_mIoU")} |',
-             f'| stages 1-2 swapped to NaLa, weights carried, no fine-tuning | '
-             f'{cell("swapped_before_finetune_mIoU")} |',
-             f'| softmax continued {args.finetune_iters} iterations | {cell("softmax_mIoU")} |',
-             f'| NaLa (stages 1-2) fine-tuned {args.finetune_iters} iterations | '
-             f'{cell("nala_mIoU")} |',
-             f'| NaLa − softmax at the same seed | {cell("nala_minus_softmax")} ('
-             + ', '.join(f'{d:+.2f}' for d in deltas) + ') |', '',
-             '| seed | softmax pretrained | swapped, no fine-tuning | softmax continued | '
-             'NaLa fine-tuned |', '|---|---|---|---|---|']
-    lines += [f"| {r['seed']} | {r['pretrained_mIoU']:.2f} | "
-              f"{r['swapped_before_finetune_mIoU']:.2f} | {r['softmax_mIoU']:.2f} | "
-              f"{r['nala_mIoU']:.2f} |" for r in runs]
-    with open(stem + '.md', 'w') as f:
-        f.write('\n'.join(lines) + '\n')
+             f'Swin (embed 32, depths 2-2-2-2, window 7) + UperNet, trained {pretrain} '
+             f'iterations of batch 4 with softmax, then {finetune} more in each arm (same '
+             f"schedule and seed); mIoU on the 40 validation images, seeds {payload['seeds']}.",
+             '']
+    lines += markdown_table(['stage', 'mIoU mean ± std'], [
+        [f'softmax, after {pretrain} iterations', cell('pretrained_mIoU')],
+        ['stages 1-2 swapped to NaLa, weights carried, no fine-tuning',
+         cell('swapped_before_finetune_mIoU')],
+        [f'softmax continued {finetune} iterations', cell('softmax_mIoU')],
+        [f'NaLa (stages 1-2) fine-tuned {finetune} iterations', cell('nala_mIoU')],
+        ['NaLa − softmax at the same seed',
+         f"{cell('nala_minus_softmax')} ({signed(summary['nala_minus_softmax']['per_seed'])})"]])
+    lines += ['']
+    lines += markdown_table(
+        ['seed', 'softmax pretrained', 'swapped, no fine-tuning', 'softmax continued',
+         'NaLa fine-tuned'],
+        [[r['seed'], f"{r['pretrained_mIoU']:.2f}", f"{r['swapped_before_finetune_mIoU']:.2f}",
+          f"{r['softmax_mIoU']:.2f}", f"{r['nala_mIoU']:.2f}"] for r in runs])
+    write_markdown(stem + '.md', lines)
+
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4))
     for r in runs:
@@ -197,8 +223,7 @@ def main() -> None:
     ax.set_ylabel('mIoU')
     ax.set_title('Swin stages 1-2 swapped to NaLa (demo data)')
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(stem + '.png', dpi=120)
+    save_figure(fig, stem + '.png')
     print(open(stem + '.md').read())
 
 

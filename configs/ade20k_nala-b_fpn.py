@@ -1,4 +1,5 @@
 # NaLaFormer-B + Semantic FPN, ADE20K 512x512, 80k, from the authors' ImageNet weights.
 _base_ = ['./_base_/nala_fpn.py', './_base_/nala_pretrained.py']
-model = dict(backbone=dict(arch='b', init_cfg=dict(type='Pretrained', checkpoint={{_base_.nala_checkpoints.b}})),
+model = dict(backbone=dict(arch='b', init_cfg=dict(
+                 type='Pretrained', checkpoint={{_base_.nala_checkpoints.b}})),
              neck=dict(in_channels=[96, 192, 384, 512]))

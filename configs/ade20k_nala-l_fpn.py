@@ -1,4 +1,5 @@
 # NaLaFormer-L + Semantic FPN, ADE20K 512x512, 80k, from the authors' ImageNet weights.
 _base_ = ['./_base_/nala_fpn.py', './_base_/nala_pretrained.py']
-model = dict(backbone=dict(arch='l', init_cfg=dict(type='Pretrained', checkpoint={{_base_.nala_checkpoints.l}})),
+model = dict(backbone=dict(arch='l', init_cfg=dict(
+                 type='Pretrained', checkpoint={{_base_.nala_checkpoints.l}})),
              neck=dict(in_channels=[96, 192, 448, 640]))

@@ -2,6 +2,7 @@
 # widths follow the variant's channels).
 _base_ = ['./_base_/nala_upernet.py', './_base_/nala_pretrained.py']
 model = dict(
-    backbone=dict(arch='s', init_cfg=dict(type='Pretrained', checkpoint={{_base_.nala_checkpoints.s}})),
+    backbone=dict(arch='s',
+                  init_cfg=dict(type='Pretrained', checkpoint={{_base_.nala_checkpoints.s}})),
     decode_head=dict(in_channels=[64, 128, 320, 512]),
     auxiliary_head=dict(in_channels=320))

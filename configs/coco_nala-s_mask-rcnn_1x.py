@@ -1,5 +1,6 @@
 # NaLaFormer-S + Mask R-CNN, COCO 1x, from the authors' ImageNet weights (FPN inputs follow
 # the variant's channels).
 _base_ = ['./_base_/nala_mask-rcnn_1x.py', './_base_/nala_pretrained.py']
-model = dict(backbone=dict(arch='s', init_cfg=dict(type='Pretrained', checkpoint={{_base_.nala_checkpoints.s}})),
+model = dict(backbone=dict(arch='s', init_cfg=dict(
+                 type='Pretrained', checkpoint={{_base_.nala_checkpoints.s}})),
              neck=dict(in_channels=[64, 128, 320, 512]))

@@ -7,9 +7,14 @@ changes nothing else. The host changes the project's tools rely on (checkpoints 
 weights-only loading, atomic writes, CPU ``torchrun``, data checks) are opt-in:
 ``imports=['nala_mm', 'nala_mm.compat']`` (see :mod:`nala_mm.compat`).
 """
-from . import hooks, models, runtime  # noqa: F401  (registration)
-from .models import (GatedAttention, LinearAttention, NaLaFormer, NormAwareLinearAttention,
-                     SoftmaxAttention)
+from . import amp, hooks, models  # noqa: F401  (registration)
+from .models import (
+                     GatedAttention,
+                     LinearAttention,
+                     NaLaFormer,
+                     NormAwareLinearAttention,
+                     SoftmaxAttention,
+)
 from .version import __version__
 
 __all__ = ['__version__', 'NaLaFormer', 'GatedAttention', 'NormAwareLinearAttention',

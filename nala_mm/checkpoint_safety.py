@@ -70,7 +70,8 @@ def load_from_local(filename: str, map_location=None) -> Any:
         raise CheckpointRefusedError(
             f'refusing to load checkpoint {path}: it holds an object outside the weights-only '
             f'allow-list ({detail}). Loading it could run arbitrary code. If you trust the file, '
-            f'load it yourself with torch.load(..., weights_only=False) and re-save its tensors.'
+            f'load it yourself with torch.load and weights-only loading turned off, and re-save '
+            f'its tensors.'
         ) from err
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError) as err:
         raise ValueError(f'checkpoint {path} is truncated or not a PyTorch checkpoint '

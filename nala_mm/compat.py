@@ -28,8 +28,8 @@ mmengine's local checkpoint loader        weights-only ``torch.load`` whose erro
 ========================================  ==================================================
 
 Checkpoints saved by a run without these changes hold ``HistoryBuffer``'s default pickle and may
-be refused under weights-only loading: load such a file once with ``weights_only=False`` (only if
-you trust it) and re-save it from a run with this module installed.
+be refused under weights-only loading: load such a file once with weights-only loading turned off
+(only if you trust it) and re-save it from a run with this module installed.
 """
 import torch
 from mmengine.dist import utils as dist_utils
@@ -37,10 +37,15 @@ from mmengine.fileio.backends import LocalBackend
 from mmengine.logging.history_buffer import HistoryBuffer
 from mmengine.runner.checkpoint import CheckpointLoader
 
-from .checkpoint_safety import (atomic_put, history_getstate, history_setstate, load_from_local,
-                                numpy_safe_globals)
+from .checkpoint_safety import (
+    atomic_put,
+    history_getstate,
+    history_setstate,
+    load_from_local,
+    numpy_safe_globals,
+)
 from .datasets.checks import install_dataset_checks
-from .runtime import cpu_aware_pytorch_launcher
+from .distributed import cpu_aware_pytorch_launcher
 
 
 def install() -> None:

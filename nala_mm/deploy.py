@@ -26,16 +26,15 @@ import copy
 import importlib
 import os
 import os.path as osp
-import time
-from statistics import median
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .analysis import build_model_from_config
+from .analysis.measure import median_ms
+from .config_loading import build_model_from_config
 
 DEPLOY_PACKAGES = ('onnx', 'onnxruntime', 'onnxscript')
 DEFAULT_TOLERANCE = 1e-4  # largest relative L2 error against PyTorch that a check accepts
@@ -219,21 +218,11 @@ def relative_l2(actual: np.ndarray, expected: np.ndarray) -> float:
                  / max(np.linalg.norm(expected), 1e-30))
 
 
-def median_call_ms(step: Callable[[], object], repeats: int) -> float:
-    """Median wall time of ``repeats`` calls after one warm-up call."""
-    step()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        step()
-        times.append((time.perf_counter() - start) * 1e3)
-    return median(times)
-
-
 def compare(module: nn.Module, session, images: Tensor, output_names: Sequence[str],
             repeats: int) -> Dict[str, object]:
     """Relative L2 error of each ONNX Runtime output against PyTorch (``errors``, by output
-    name), and the median latencies ``torch_ms`` and ``ort_ms`` of ``repeats`` calls."""
+    name), and the median latencies ``torch_ms`` and ``ort_ms`` of ``repeats`` calls after one
+    warm-up call."""
     feed = {'input': images.numpy()}
     with torch.no_grad():
         expected = module(images)
@@ -251,8 +240,8 @@ def compare(module: nn.Module, session, images: Tensor, output_names: Sequence[s
             module(images)
 
     return dict(shape=tuple(images.shape), errors=errors,
-                torch_ms=median_call_ms(torch_step, repeats),
-                ort_ms=median_call_ms(lambda: session.run(list(output_names), feed), repeats))
+                torch_ms=median_ms(torch_step, repeats),
+                ort_ms=median_ms(lambda: session.run(list(output_names), feed), repeats))
 
 
 def check_sizes(height: int, width: int, dynamic: bool) -> List[Tuple[int, int]]:

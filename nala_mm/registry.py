@@ -20,21 +20,25 @@ def models_registry(scope: Optional[str] = None) -> Registry:
     return importlib.import_module(f'{scope}.registry').MODELS
 
 
-def register_model(cls: Optional[Type] = None, *, scope: Optional[str] = None):
-    """Class decorator: register ``cls`` under its own name in :func:`models_registry`.
+def register_model(cls: Optional[Type] = None, *, scope: Optional[str] = None,
+                   name: Optional[str] = None):
+    """Class decorator: register ``cls`` in :func:`models_registry` under ``name`` (default:
+    the class's own name).
 
-    ``@register_model`` or ``@register_model(scope='mmseg')``.
+    ``@register_model``, ``@register_model(scope='mmseg')``, or with ``name=`` where one module
+    defines a subclass of mmseg's and of mmdet's class that configs call by the same name.
     """
 
     def register(target: Type) -> Type:
         registry = models_registry(scope)
-        existing = registry.module_dict.get(target.__name__)
+        key = name or target.__name__
+        existing = registry.module_dict.get(key)
         if existing is not None:
-            raise KeyError(f'{target.__name__} is already registered in {registry.scope}::'
+            raise KeyError(f'{key} is already registered in {registry.scope}::'
                            f'{registry.name} by {existing.__module__}.{existing.__qualname__}; '
                            f'refusing to replace it with {target.__module__}.'
                            f'{target.__qualname__}')
-        registry.register_module(module=target)
+        registry.register_module(name=key, module=target)
         return target
 
     return register(cls) if cls is not None else register

@@ -13,6 +13,7 @@ from hypothesis import settings
 
 import nala_mm.compat  # noqa: F401
 from nala_mm.datasets.synthetic_ade import generate_ade_like
+from nala_mm.datasets.synthetic_cityscapes import generate_cityscapes_like
 from nala_mm.datasets.synthetic_coco import generate_coco_like
 
 # Tests that start processes (marked ``integration``) cost seconds each in interpreter start-up
@@ -62,6 +63,15 @@ def small_ade(tmp_path_factory):
     """ADE20K layout: 8 training and 2 validation images of 96 x 96."""
     root = tmp_path_factory.mktemp('ade8') / 'ADEChallengeData2016'
     generate_ade_like(str(root), num_train=8, num_val=2, image_size=(96, 96), progress=False)
+    return root
+
+
+@pytest.fixture(scope='session')
+def tiny_cityscapes(tmp_path_factory):
+    """Cityscapes layout: 2 training and 2 validation images of 96 x 192."""
+    root = tmp_path_factory.mktemp('cityscapes')
+    generate_cityscapes_like(str(root), num_train=2, num_val=2, image_size=(96, 192),
+                             progress=False)
     return root
 
 

@@ -42,7 +42,8 @@ def make_runner(work_dir, max_iters, resume=False):
     torch.manual_seed(0)  # the model is built before the Runner seeds anything
     return Runner(
         model=LinearRegressor(), work_dir=str(work_dir),
-        train_dataloader=dict(dataset=SumDataset(), batch_size=4, collate_fn=dict(type='pseudo_collate'),
+        train_dataloader=dict(dataset=SumDataset(), batch_size=4,
+                              collate_fn=dict(type='pseudo_collate'),
                               sampler=dict(type='InfiniteSampler', shuffle=True)),
         optim_wrapper=dict(optimizer=dict(type='AdamW', lr=0.05)),
         param_scheduler=[dict(type='LinearLR', start_factor=0.1, by_epoch=False, begin=0, end=5),
@@ -116,7 +117,8 @@ def test_config_with_custom_imports_builds_nalaformer(tmp_path, scope):
     cfg_file.write_text(
         "custom_imports = dict(imports=['nala_mm'], allow_failed_imports=False)\n"
         f"default_scope = '{scope}'\n"
-        "model = dict(type='NaLaFormer', arch='xt', mixers=(dict(type='NormAwareLinearAttention', kernel='relu'),) * 4)\n")
+        "model = dict(type='NaLaFormer', arch='xt',\n"
+        "             mixers=(dict(type='NormAwareLinearAttention', kernel='relu'),) * 4)\n")
     cfg = Config.fromfile(str(cfg_file))
     with DefaultScope.overwrite_default_scope(cfg.default_scope):
         model = MODELS.build(cfg.model)

@@ -13,11 +13,20 @@ import torch
 from torch.autograd.function import BackwardCFunction
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from nala_mm.deploy import (DEFAULT_TOLERANCE, ExportableAdaptiveAvgPool2d, ExportableUpsample,
-                            build_exportable, check_sizes, export, make_exportable, ort_session)
+from nala_mm.deploy import (
+    DEFAULT_TOLERANCE,
+    ExportableAdaptiveAvgPool2d,
+    ExportableUpsample,
+    build_exportable,
+    check_sizes,
+    export,
+    make_exportable,
+    ort_session,
+)
 from nala_mm.models import LinearAttention, NaLaFormer, NormAwareLinearAttention, SoftmaxAttention
 from nala_mm.ops import is_exporting
-from tests.helpers import REPO, TINY_ARCH as TINY, rel_err, tool_env
+from tests.helpers import REPO, rel_err, tool_env
+from tests.helpers import TINY_ARCH as TINY
 
 SEG_DEMO = osp.join(REPO, 'configs', 'demo', 'ade20k_demo_nala_upernet.py')
 DET_DEMO = osp.join(REPO, 'configs', 'demo', 'coco_demo_nala_mask-rcnn.py')
@@ -155,7 +164,7 @@ def exports(tmp_path_factory):
     backbone through the legacy exporter; both tool runs at once (an export is mostly one busy
     Python thread)."""
     need_onnx_runtime()
-    from nala_mm.analysis import build_model_from_config
+    from nala_mm.config_loading import build_model_from_config
     work = tmp_path_factory.mktemp('export')
     torch.manual_seed(0)
     segmentor, _ = build_model_from_config(SEG_DEMO)  # hybrid NaLa/softmax + UperNet, 6 classes
@@ -250,10 +259,17 @@ def test_semantic_fpn_exports_with_dynamic_sizes(tmp_path):
     # Swin narrowed to keep the test quick; windowed stages 3-4 stay in the graph
     ('coco_swin-t_mask-rcnn_1x_nala-s12.py',
      {'model.backbone.embed_dims': 32, 'model.backbone.num_heads': [1, 2, 4, 8],
-      'model.backbone.depths': [1, 1, 2, 1], 'model.neck.in_channels': [32, 64, 128, 256]})])
+      'model.backbone.depths': [1, 1, 2, 1], 'model.neck.in_channels': [32, 64, 128, 256]}),
+    # a narrow 4-layer DeiT with its class token; the last layer keeps the stock attention
+    ('ade20k_deit-s_upernet_nala-all.py',
+     {'model.backbone.embed_dims': 64, 'model.backbone.num_heads': 2,
+      'model.backbone.num_layers': 4, 'model.backbone.out_indices': [0, 1, 2, 3],
+      'model.backbone.mixers': ['nala', 'nala', 'nala', 'softmax'],
+      'model.pretrained': None})])
 def test_swapped_stock_backbones_export(config, cfg_options, tmp_path):
     """--backbone-only of a configs/swap/ config: NaLa stages and the stock attention stages
-    (Swin's shifted windows, MiT's spatial reduction) in one graph, within 1e-4 in ORT."""
+    (Swin's shifted windows, MiT's spatial reduction, ViT's global softmax) in one graph, within
+    1e-4 in ORT."""
     need_onnx_runtime()
     module, names = build_exportable(osp.join(REPO, 'configs', 'swap', config),
                                      backbone_only=True, cfg_options=cfg_options)

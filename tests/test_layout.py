@@ -1,5 +1,6 @@
 """What the layout promises: tools and benchmarks are scripts over the package (no sys.path
-edits), and the package imports nothing from tools/, benchmarks/ or tests/."""
+edits), the package imports nothing from tools/, benchmarks/ or tests/, tools and tests import
+nothing from benchmarks/, and the released-op transcription imports nothing it checks."""
 import ast
 
 import pytest
@@ -28,12 +29,34 @@ def test_scripts_do_not_edit_sys_path(folder):
     assert _python_files(folder) and offenders == []
 
 
+def _imported_modules(path):
+    """The absolute imports of a file: ``import a.b`` and ``from a.b import c`` give ``a.b``."""
+    modules = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            modules += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            modules.append(node.module or '')
+    return modules
+
+
 def test_the_package_imports_nothing_from_tools_benchmarks_or_tests():
-    offenders = []
-    for path in _python_files('nala_mm'):
-        for node in ast.walk(ast.parse(path.read_text())):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                [node.module or ''] if isinstance(node, ast.ImportFrom) and node.level == 0 else []
-            offenders += [f'{path.relative_to(REPO)}: {n}' for n in names
-                          if n.split('.')[0] in ('tools', 'benchmarks', 'tests')]
+    offenders = [f'{path.relative_to(REPO)}: {m}' for path in _python_files('nala_mm')
+                 for m in _imported_modules(path)
+                 if m.split('.')[0] in ('tools', 'benchmarks', 'tests')]
     assert offenders == []
+
+
+@pytest.mark.parametrize('folder', ['tools', 'tests'])
+def test_tools_and_tests_import_nothing_from_benchmarks(folder):
+    """Benchmarks are scripts over the package: what a tool or a test needs lives in nala_mm."""
+    offenders = [f'{path.relative_to(REPO)}: {m}' for path in _python_files(folder)
+                 for m in _imported_modules(path) if m.split('.')[0] == 'benchmarks']
+    assert offenders == []
+
+
+def test_the_released_op_transcription_imports_only_torch():
+    """The parity tests hold the fast path to nala_mm/released_op.py: it must not import the
+    code it checks."""
+    modules = _imported_modules(REPO / 'nala_mm' / 'released_op.py')
+    assert modules and {m.split('.')[0] for m in modules} <= {'typing', 'torch'}

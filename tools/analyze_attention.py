@@ -36,10 +36,9 @@ from mmengine.runner import load_checkpoint  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from nala_mm import compat  # noqa: E402
-from nala_mm.analysis import (LayerStats, attention_layers, build_model_from_config,  # noqa: E402
-                              capture_inputs, layer_statistics, preprocess,
-                              resolve_config_path, stage_of)
+from nala_mm.analysis import LayerStats, analyze_backbone, preprocess  # noqa: E402
 from nala_mm.analysis.attention_stats import Point, Size  # noqa: E402
+from nala_mm.config_loading import build_model_from_config, resolve_config_path  # noqa: E402
 
 MAX_SIDE = 1024  # default cap on the longer image side
 
@@ -215,15 +214,13 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     model.to(args.device)
     inputs = preprocess(model, fed)
     input_size = tuple(inputs.shape[-2:])  # padded, where the preprocessor pads
-    layers = attention_layers(model.backbone)
-    captured = capture_inputs(model.backbone, layers, inputs)
+    layers = analyze_backbone(model.backbone, inputs, fed_points, input_size, progress=True)
 
     os.makedirs(args.out_dir, exist_ok=True)
     image_rgb = fed[..., ::-1]
     entries = []
-    for name, layer in tqdm(layers.items(), desc='attention layers', unit='layer'):
-        stats = layer_statistics(layer, captured.pop(name), fed_points, input_size)
-        entry = stats.summary(name, stage_of(name))
+    for name, stats in tqdm(layers.items(), desc='figures', unit='layer'):
+        entry = stats.summary(name)
         entry['figure'] = f'{name}.png'
         plot_layer(osp.join(args.out_dir, entry['figure']), name, stats, image_rgb, fed_points,
                    input_size, labels=points)

@@ -12,8 +12,8 @@ def fail(message: str) -> None:
 
 def main() -> None:
     try:
-        import torch
         import mmcv
+        import torch
     except ImportError as err:
         fail(f'{err}. Run `make setup` (or tools/setup_env.sh).')
     if mmcv.__version__ != '2.1.0':
@@ -42,6 +42,7 @@ def main() -> None:
     import mmdet
     import mmengine
     import mmseg
+
     import nala_mm.compat  # noqa: F401  (registers the modules, installs the host changes)
     print(f'[check_env] ok: torch {torch.__version__}, mmcv {mmcv.__version__} (ops: nms, '
           f'RoIAlign), mmengine {mmengine.__version__}, mmseg {mmseg.__version__}, '

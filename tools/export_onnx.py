@@ -26,9 +26,18 @@ import torch
 from mmengine.config import DictAction
 
 from nala_mm import compat
-from nala_mm.deploy import (DEFAULT_OPSET, DEFAULT_TOLERANCE, DEPLOY_PACKAGES, MIN_OPSET,
-                            build_exportable, check_sizes, compare, export,
-                            missing_deploy_packages, ort_session)
+from nala_mm.deploy import (
+    DEFAULT_OPSET,
+    DEFAULT_TOLERANCE,
+    DEPLOY_PACKAGES,
+    MIN_OPSET,
+    build_exportable,
+    check_sizes,
+    compare,
+    export,
+    missing_deploy_packages,
+    ort_session,
+)
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -21,7 +21,8 @@ from mmengine.analysis import parameter_count
 from mmengine.config import DictAction
 from torch import nn
 
-from nala_mm.analysis import build_model_from_config, count_flops
+from nala_mm.analysis import count_flops
+from nala_mm.config_loading import build_model_from_config
 from nala_mm.models import ARCH_SETTINGS, NaLaFormer
 
 # The paper's ImageNet numbers at 224 x 224 (NaLaFormer, arXiv 2506.21137, its table of
@@ -89,7 +90,7 @@ class ClassificationTail(nn.Module):
 
 def variants(side: int) -> None:
     """Backbone GFLOPs per variant (default hybrid attention) beside the paper's totals."""
-    print(f'NaLaFormer backbones at {side} x {side} (default hybrid attn_types), GFLOPs with '
+    print(f'NaLaFormer backbones at {side} x {side} (default hybrid mixers), GFLOPs with '
           '1 multiply-add = 1 flop\n')
     print('| variant | backbone params w/o out norms (M) | + tail params (M) | paper params (M) | '
           'backbone G | of which NaLa element-wise G | softmax SDPA G | out norms G | '

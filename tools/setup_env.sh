@@ -63,7 +63,7 @@ fi
 
 log "installing mmengine, mmsegmentation, mmdet and test tools"
 $PIP install -q "mmengine==0.10.7" "mmsegmentation==1.2.2" "mmdet==3.3.0" einops ftfy regex \
-  pycocotools pytest hypothesis matplotlib tqdm onnx onnxruntime onnxscript
+  pycocotools pytest hypothesis matplotlib tqdm onnx onnxruntime onnxscript "ruff==0.17.6"
 # openmim (for `mim train mmseg ...`) pulls openxlab, which pins setuptools 60; its runtime
 # needs are listed explicitly instead.
 $PIP install -q --no-deps openmim

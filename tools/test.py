@@ -10,7 +10,7 @@ from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
 from nala_mm import compat
-from nala_mm.runtime import load_config
+from nala_mm.config_loading import load_config
 
 # the host changes this tool relies on (weights-only resume, atomic checkpoints, CPU torchrun,
 # data checks): see nala_mm/compat.py

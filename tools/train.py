@@ -11,7 +11,8 @@ from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
 from nala_mm import compat
-from nala_mm.runtime import enable_amp, load_config
+from nala_mm.amp import enable_amp
+from nala_mm.config_loading import load_config
 
 # the host changes this tool relies on (weights-only resume, atomic checkpoints, CPU torchrun,
 # data checks): see nala_mm/compat.py

@@ -13,8 +13,8 @@ crop_size = (128, 128)
 model = dict(
     data_preprocessor=dict(size=crop_size),
     backbone=dict(
-        arch=dict(_delete_=True, embed_dims=(32, 64, 128, 192), depths=(1, 1, 2, 1), num_heads=(1, 2, 4, 6),
-                  mlp_ratios=(3, 3, 3, 3)),
+        arch=dict(_delete_=True, embed_dims=(32, 64, 128, 192), depths=(1, 1, 2, 1),
+                  num_heads=(1, 2, 4, 6), mlp_ratios=(3, 3, 3, 3)),
         drop_path_rate=0.05,
         # trained from scratch here (no ImageNet weights), so NaLa with the paper's
         # cosine-inhibit kernel (the 'nala' shorthand) in the released hybrid

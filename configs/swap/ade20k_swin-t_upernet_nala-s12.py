@@ -5,6 +5,7 @@
 _base_ = ['mmseg::swin/swin-tiny-patch4-window7-in1k-pre_upernet_8xb2-160k_ade20k-512x512.py']
 custom_imports = dict(imports=['nala_mm', 'nala_mm.compat'], allow_failed_imports=False)
 
-model = dict(backbone=dict(type='NaLaSwinTransformer', mixers=('nala', 'nala', 'softmax', 'softmax')))
+model = dict(backbone=dict(type='NaLaSwinTransformer',
+                           mixers=('nala', 'nala', 'softmax', 'softmax')))
 # the stock 'norm' key misses the mixer's LayerNorm ('...attn.mixer.ln.weight'): no decay there
 optim_wrapper = dict(paramwise_cfg=dict(custom_keys={'mixer.ln': dict(decay_mult=0.)}))

@@ -3,5 +3,6 @@
 _base_ = ['mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_1x_coco.py']
 custom_imports = dict(imports=['nala_mm', 'nala_mm.compat'], allow_failed_imports=False)
 
-model = dict(backbone=dict(type='NaLaSwinTransformer', mixers=('nala', 'nala', 'softmax', 'softmax')))
+model = dict(backbone=dict(type='NaLaSwinTransformer',
+                           mixers=('nala', 'nala', 'softmax', 'softmax')))
 optim_wrapper = dict(paramwise_cfg=dict(custom_keys={'mixer.ln': dict(decay_mult=0.)}))

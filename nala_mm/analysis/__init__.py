@@ -1,18 +1,37 @@
 """Measuring models: FLOP counts with every token mixer counted (:mod:`.flops`) and the
 attention statistics of a trained backbone (:mod:`.attention_stats`)."""
-from .attention_stats import (KERNELIZED_MIXERS, LayerStats, attention_layers, average_ranks,
-                              capture_inputs, entropy_rope, exponent_ceiling, layer_statistics,
-                              preprocess, query_entropies, query_token, row_entropy,
-                              saturated_share, saturation_norm, spearman, stage_of)
-from .flops import (KERNELIZED_OP, ROPE_FLOPS, SDPA_OP, FlopCount, build_flop_analyzer,
-                    build_model_from_config, count_flops, kernelized_attention_flop_counts,
-                    kernelized_flop_jit, resolve_config_path, sdpa_flop_jit)
+from .attention_stats import (
+                              LayerStats,
+                              analyze_backbone,
+                              attention_layers,
+                              average_ranks,
+                              capture_inputs,
+                              entropy_rope,
+                              layer_statistics,
+                              preprocess,
+                              query_entropies,
+                              query_token,
+                              row_entropy,
+                              saturated_share,
+                              saturation_norm,
+                              spearman,
+)
+from .flops import (
+                              KERNELIZED_OP,
+                              ROPE_FLOPS,
+                              SDPA_OP,
+                              FlopCount,
+                              build_flop_analyzer,
+                              count_flops,
+                              kernelized_attention_flop_counts,
+                              kernelized_flop_jit,
+                              sdpa_flop_jit,
+)
 
 __all__ = [
-    'KERNELIZED_OP', 'ROPE_FLOPS', 'SDPA_OP', 'FlopCount', 'build_flop_analyzer',
-    'build_model_from_config', 'count_flops', 'kernelized_attention_flop_counts',
-    'kernelized_flop_jit', 'resolve_config_path', 'sdpa_flop_jit',
-    'KERNELIZED_MIXERS', 'LayerStats', 'attention_layers', 'average_ranks', 'capture_inputs',
-    'entropy_rope', 'exponent_ceiling', 'layer_statistics', 'preprocess', 'query_entropies',
-    'query_token', 'row_entropy', 'saturated_share', 'saturation_norm', 'spearman', 'stage_of',
+    'KERNELIZED_OP', 'ROPE_FLOPS', 'SDPA_OP', 'FlopCount', 'build_flop_analyzer', 'count_flops',
+    'kernelized_attention_flop_counts', 'kernelized_flop_jit', 'sdpa_flop_jit',
+    'LayerStats', 'analyze_backbone', 'attention_layers', 'average_ranks', 'capture_inputs',
+    'entropy_rope', 'layer_statistics', 'preprocess', 'query_entropies', 'query_token',
+    'row_entropy', 'saturated_share', 'saturation_norm', 'spearman',
 ]

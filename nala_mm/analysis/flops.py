@@ -35,28 +35,21 @@ The reference mode (``mode='reference'``, and every mixer while exporting) is ma
 ops, so stock mmengine counts it: its ``matmul`` total equals the fast node's ``attn_matmul``
 exactly, while its element-wise work counts 0 there, as for any other model.
 
-:func:`count_flops` is the one entry point (``tools/get_flops.py`` and the benchmarks use it);
-:func:`build_model_from_config` builds a config's model (mmseg or mmdet). The counts of the
-model variants against the paper's: docs/fidelity.md, 'FLOPs'.
+:func:`count_flops` is the one entry point (``tools/get_flops.py`` and the benchmarks use it).
+The counts of the model variants against the paper's: docs/fidelity.md, 'FLOPs'.
 """
-import importlib
-import os.path as osp
 from collections import Counter
 from dataclasses import dataclass
 from math import prod
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Tuple
 
 import torch
 from mmengine.analysis import FlopAnalyzer
 from mmengine.analysis.jit_handles import get_shape
 from mmengine.analysis.print_helper import complexity_stats_table
-from mmengine.model import revert_sync_batchnorm
-from mmengine.registry import init_default_scope
-from mmengine.utils import get_installed_path
 from torch import nn
 
 from ..ops import ChunkedKernelizedAttention, FeatureMap
-from ..runtime import load_config
 
 # Per rotated output element: ``x cos - y sin`` (or ``x sin + y cos``) is two multiply-adds.
 ROPE_FLOPS = 2
@@ -150,25 +143,3 @@ def count_flops(model: nn.Module, inputs: Tuple[Any, ...], max_depth: int = 3) -
                      uncounted=dict(analyzer.unsupported_ops()),
                      table=complexity_stats_table(analyzer, max_depth=max_depth,
                                                   show_param_shapes=False))
-
-
-def resolve_config_path(path: str) -> str:
-    """``'mmseg::swin/x.py'`` -> the file inside the installed package; other paths unchanged."""
-    if '::' not in path:
-        return path
-    package, relative = path.split('::', 1)
-    return osp.join(get_installed_path(package), '.mim', 'configs', relative)
-
-
-def build_model_from_config(path: str, cfg_options: Optional[dict] = None) -> Tuple[nn.Module, str]:
-    """Build a config's model with its scope's registry, SyncBN reverted to BN, in eval mode.
-
-    Returns the model and the config's default scope (``'mmseg'`` or ``'mmdet'``). Weights are
-    not initialised from any checkpoint (nothing is downloaded).
-    """
-    cfg = load_config(resolve_config_path(path), cfg_options=cfg_options)
-    scope = cfg.get('default_scope', 'mmseg')
-    init_default_scope(scope)
-    registry = importlib.import_module(f'{scope}.registry').MODELS
-    # SyncBN needs a process group; a single-process measurement runs it as BN.
-    return revert_sync_batchnorm(registry.build(cfg.model)).eval(), scope

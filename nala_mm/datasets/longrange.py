@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+from statistics import mean
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -37,8 +38,14 @@ from PIL import Image
 from tqdm import tqdm
 
 from .synthetic_ade import ADE_CLASS_NAMES
-from .synthetic_common import (read_stamp, remove_stale, stamp_is_current, stamp_params,
-                               validate_args, write_stamp)
+from .synthetic_common import (
+    read_stamp,
+    remove_stale,
+    stamp_is_current,
+    stamp_params,
+    validate_args,
+    write_stamp,
+)
 
 DEFAULT_ROOT = 'data/longrange/ade/ADEChallengeData2016'
 DEFAULT_SIZE = (128, 128)
@@ -61,8 +68,8 @@ FRAME_GREY = 245.0
 EDGE_MARGIN_PX = (2, 8)  # exemplar distance from the image edges, drawn uniformly
 # In the long-range config the convolutions on every path to a pixel's logits (the stem, the
 # stage-1 block, the decoder's upsampling) reach 32 px, measured by gradients
-# (benchmarks/longrange.py records it): an object this far from the exemplar is out of their
-# sight.
+# (nala_mm.analysis.receptive_field; benchmarks/longrange.py records it): an object this far
+# from the exemplar is out of their sight.
 FAR_PX = 36
 OBJECT_RADIUS_PX = (6, 11)
 OBJECTS_PER_IMAGE = (6, 10)
@@ -290,6 +297,31 @@ def local_chance_miou(class_pixel_fraction: Dict[str, float]) -> float:
     k, total = len(objects), sum(objects)
     ious = [1.0] + [(f / k) / (f + total / k - f / k) for f in objects]
     return 100.0 * sum(ious) / len(ious)
+
+
+def exemplar_mass(scene: Scene, maps: Sequence[np.ndarray], grid: Tuple[int, int]
+                  ) -> Dict[str, Optional[float]]:
+    """Where the attention rows of a scene's objects land: ``maps`` holds one row per object
+    of ``scene.objects`` (the weights at each object's centre on a layer's ``grid`` of tokens,
+    e.g. RoPE on and the mean over heads). Returns the share of each row's absolute weight that
+    lands on the exemplar's tokens, averaged over the objects that match the exemplar and over
+    those that do not (``None`` without such objects), and the exemplar's share of the tokens
+    (what a uniform row puts there). A mixer that compares an object with the exemplar looks
+    there harder for one kind."""
+    rows, cols = grid
+    y0, x0, y1, x1 = scene.exemplar_box
+    ty = (np.arange(rows) + 0.5) * scene.height / rows
+    tx = (np.arange(cols) + 0.5) * scene.width / cols
+    inside = ((ty >= y0) & (ty < y1))[:, None] & ((tx >= x0) & (tx < x1))[None, :]
+    shares: Dict[bool, List[float]] = {True: [], False: []}
+    for obj, weights in zip(scene.objects, maps):
+        magnitude = np.abs(weights)
+        total = magnitude.sum()
+        shares[scene.object_class(obj) == MATCH_CLASS].append(
+            float(magnitude[inside].sum() / total) if total > 0 else 0.0)
+    return dict(exemplar_mass_match=mean(shares[True]) if shares[True] else None,
+                exemplar_mass_other=mean(shares[False]) if shares[False] else None,
+                exemplar_token_share=float(inside.mean()))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:

@@ -23,9 +23,18 @@ import numpy as np
 from PIL import Image
 from tqdm import tqdm
 
-from .synthetic_common import (Grid, colour_pair, keeps_others_visible, mix, read_stamp,
-                               remove_stale, stamp_is_current, stamp_params, validate_args,
-                               write_stamp)
+from .synthetic_common import (
+    Grid,
+    colour_pair,
+    keeps_others_visible,
+    mix,
+    read_stamp,
+    remove_stale,
+    stamp_is_current,
+    stamp_params,
+    validate_args,
+    write_stamp,
+)
 
 # The 150 ADE20K classes in official order, spelled exactly as
 # mmseg.datasets.ADE20KDataset.METAINFO['classes'] spells them -- including the

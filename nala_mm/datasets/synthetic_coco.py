@@ -20,9 +20,18 @@ import numpy as np
 from PIL import Image, ImageDraw
 from tqdm import tqdm
 
-from .synthetic_common import (Grid, colour_pair, keeps_others_visible, mix, read_stamp,
-                               remove_stale, stamp_is_current, stamp_params, validate_args,
-                               write_stamp)
+from .synthetic_common import (
+    Grid,
+    colour_pair,
+    keeps_others_visible,
+    mix,
+    read_stamp,
+    remove_stale,
+    stamp_is_current,
+    stamp_params,
+    validate_args,
+    write_stamp,
+)
 
 COCO_DEMO_CLASSES: Tuple[str, ...] = ('disc', 'square', 'triangle', 'star')
 

@@ -1,10 +1,18 @@
-"""Backbone and token mixers."""
-from .mixers import (GatedAttention, IdentityAttention, LinearAttention, NormAwareLinearAttention,
-                     SoftmaxAttention)
-from .pretrained import PRETRAINED, checkpoint_filter, load_pretrained
+"""Backbone, token mixers, their specs, and the stock backbones with NaLa swapped in."""
+from . import swap  # noqa: E402  (registers the swapped stock backbones)
+from .mixer_specs import DEFAULT_HYBRID, PRESETS, SHORTHANDS, build_mixer, mixer_config
+from .mixers import (
+                     GatedAttention,
+                     IdentityAttention,
+                     KernelizedMixer,
+                     LinearAttention,
+                     NormAwareLinearAttention,
+                     SoftmaxAttention,
+)
 from .nalaformer import ARCH_SETTINGS, NaLaFormer
-from . import swap  # noqa: F401,E402  (registers the swapped stock backbones)
+from .pretrained import PRETRAINED, checkpoint_filter, load_pretrained
 
-__all__ = ['GatedAttention', 'NormAwareLinearAttention', 'LinearAttention', 'SoftmaxAttention',
-           'IdentityAttention',
-           'NaLaFormer', 'ARCH_SETTINGS', 'PRETRAINED', 'checkpoint_filter', 'load_pretrained']
+__all__ = ['GatedAttention', 'KernelizedMixer', 'NormAwareLinearAttention', 'LinearAttention',
+           'SoftmaxAttention', 'IdentityAttention', 'DEFAULT_HYBRID', 'PRESETS', 'SHORTHANDS',
+           'build_mixer', 'mixer_config', 'NaLaFormer', 'ARCH_SETTINGS', 'PRETRAINED',
+           'checkpoint_filter', 'load_pretrained', 'swap']

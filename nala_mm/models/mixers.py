@@ -13,8 +13,7 @@ projections read contiguous memory, and q, k, v and the gate are four contiguous
 ``qkvg``'s weight rows. The math lives in :mod:`nala_mm.ops`; every mixer takes the package's one
 switch, ``mode='fast' | 'reference'`` (:mod:`nala_mm.ops.mode`).
 """
-import warnings
-from typing import Optional, Tuple
+from typing import Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -22,9 +21,19 @@ from einops import rearrange
 from mmengine.model import BaseModule
 from torch import Tensor, nn
 
-from ..ops import (NaLaConfig, Rope, apply_rope, apply_rope_reference, build_plain_feature_map,
-                   gated_norm, kernelized_attention, kernelized_attention_weights, resolve_mode,
-                   rope_phasor, rope_table_for)
+from ..ops import (
+    NaLaConfig,
+    Rope,
+    apply_rope,
+    apply_rope_reference,
+    build_plain_feature_map,
+    gated_norm,
+    kernelized_attention,
+    kernelized_attention_weights,
+    resolve_mode,
+    rope_phasor,
+    rope_table_for,
+)
 from ..registry import register_model
 from .depthwise import TokenConv2d, conv_tokens
 
@@ -43,20 +52,19 @@ class GatedAttention(BaseModule):
         use_rope: 2D RoPE on the mixing (docs/method.md, "2D RoPE").
         rope_base, lepe_kernel_size: as released (10000, 5).
         mode: ``'fast'`` (hand-written backward nodes) or ``'reference'`` (plain ops); see
-            :mod:`nala_mm.ops.mode`. ``implementation`` is its deprecated name.
+            :mod:`nala_mm.ops.mode`.
     """
     # Mixers whose math overflows 16-bit formats (NaLa's k^3 and powers) run in float32 under
     # autocast; the others keep the autocast dtype.
     mix_in_float32 = True
+    # Whether the rows of :meth:`attention_weights` *with* RoPE are distributions (non-negative,
+    # summing to 1): the attention statistics take entropies of such rows only.
+    rope_rows_are_distributions = True
 
     def __init__(self, embed_dims: int, num_heads: int, use_rope: bool = True,
                  rope_base: float = 10000.0, lepe_kernel_size: int = 5, mode: str = 'fast',
-                 implementation: Optional[str] = None, init_cfg: Optional[dict] = None):
+                 init_cfg: Optional[dict] = None):
         super().__init__(init_cfg=init_cfg)
-        if implementation is not None:
-            warnings.warn(f"{type(self).__name__}: 'implementation' is deprecated; use "
-                          f"mode={implementation!r}", DeprecationWarning, stacklevel=2)
-            mode = implementation
         resolve_mode(mode)  # validates
         self.mode = mode
         if embed_dims <= 0 or num_heads <= 0 or embed_dims % num_heads != 0:
@@ -89,42 +97,75 @@ class GatedAttention(BaseModule):
         ``None``) mix the values, for inspection. Quadratic in N without ``rows``."""
         raise NotImplementedError
 
-    # ------------------------------------------------------------------ shared wrapper
-    def _check(self, x: Tensor) -> None:
-        if x.dim() != 4 or x.shape[-1] != self.embed_dims:
-            raise ValueError(f'expected channels-last tokens (B, H, W, {self.embed_dims}), got '
-                             f'{tuple(x.shape)}')
+    # ------------------------------------------------------------------ what the analysis asks
+    def query_exponent(self, qnorm: Tensor) -> Optional[Tensor]:
+        """The exponent this mixer gives queries of norm ``qnorm`` (per head), or ``None`` when
+        it has no query exponent (NaLa's is ``p(||q||)``, docs/method.md)."""
+        return None
 
-    def _table(self, x: Tensor) -> Rope:
-        if not self.use_rope:
-            return None
-        return rope_table_for(x.shape[1], x.shape[2], self.head_dims, self.rope_base, x.device,
-                              self.mode)
+    def exponent_ceiling(self) -> Optional[float]:
+        """The supremum of a norm-dependent query exponent; ``None`` when there is none."""
+        return None
+
+    def query_norm_at_exponent(self, power: float) -> Optional[float]:
+        """The query norm from which the exponent reaches ``power``; ``None`` without a
+        norm-dependent exponent."""
+        return None
+
+    # ------------------------------------------------------------------ shared wrapper
+    def _tokens(self, x: Tensor, hw_shape: Optional[Sequence[int]],
+                num_prefix: int) -> Tuple[Tensor, Tuple[int, int]]:
+        """The input as a token sequence ``(B, num_prefix + H*W, C)`` and its grid ``(H, W)``."""
+        if x.dim() == 4 and x.shape[-1] == self.embed_dims and hw_shape is None \
+                and num_prefix == 0:
+            return x.flatten(1, 2), (x.shape[1], x.shape[2])
+        if x.dim() == 3 and x.shape[-1] == self.embed_dims and hw_shape is not None:
+            height, width = hw_shape
+            if num_prefix < 0 or x.shape[1] != num_prefix + height * width:
+                raise ValueError(f'{x.shape[1]} tokens are not {num_prefix} prefix tokens and '
+                                 f'the {height}x{width} grid (hw_shape) they came with')
+            return x, (height, width)
+        raise ValueError(f'expected channels-last tokens (B, H, W, {self.embed_dims}), or a '
+                         f'sequence (B, num_prefix + H*W, {self.embed_dims}) with its hw_shape; '
+                         f'got {tuple(x.shape)} with hw_shape={hw_shape}, '
+                         f'num_prefix={num_prefix}')
 
     def _heads(self, t: Tensor) -> Tensor:
-        return rearrange(t, 'b h w (n d) -> b n (h w) d', n=self.num_heads)
+        return rearrange(t, 'b l (n d) -> b n l d', n=self.num_heads)
 
-    def project(self, x: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor, Rope]:
-        """Tokens ``(B, H, W, C)`` -> q, k, v as ``(B, heads, N, d)``, the gate ``(B, H, W, C)``
-        and the RoPE table of this size (``None`` without RoPE)."""
-        q, k, v, _, gate, rope = self._split(x)
+    def project(self, x: Tensor, hw_shape: Optional[Sequence[int]] = None, num_prefix: int = 0
+                ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Rope]:
+        """The input (as :meth:`forward` takes it) -> q, k, v as ``(B, heads, L, d)`` over its
+        ``L`` tokens (prefix first), the gate ``(B, L, C)`` and the RoPE table of the ``L``
+        tokens (``None`` without RoPE)."""
+        tokens, grid = self._tokens(x, hw_shape, num_prefix)
+        q, k, v, _, gate, rope = self._split(tokens, grid, num_prefix)
         return q, k, v, gate, rope
 
-    def _split(self, x: Tensor):
-        """:meth:`project` plus v as tokens ``(B, H, W, C)`` (LePE's input)."""
-        self._check(x)
+    def _split(self, tokens: Tensor, grid: Tuple[int, int], num_prefix: int):
+        """:meth:`project` plus v as tokens ``(B, L, C)`` (LePE's input)."""
         # Four products with qkvg's weight rows rather than one 4C-wide output chunked: each
         # result is contiguous (the mixing and LePE read dense memory), and the backward sums
         # four C-wide input gradients instead of concatenating a 4C-wide one (measured: the
         # layer's peak training memory drops by that concatenation).
-        q, k, v_tokens, gate = (F.linear(x, weight, bias) for weight, bias in
+        q, k, v_tokens, gate = (F.linear(tokens, weight, bias) for weight, bias in
                                 zip(self.qkvg.weight.chunk(4), self.qkvg.bias.chunk(4)))
-        return (self._heads(q), self._heads(k), self._heads(v_tokens), v_tokens, gate,
-                self._table(x))
+        rope = None if not self.use_rope else rope_table_for(
+            *grid, self.head_dims, self.rope_base, tokens.device, self.mode, num_prefix)
+        return self._heads(q), self._heads(k), self._heads(v_tokens), v_tokens, gate, rope
 
-    def forward(self, x: Tensor) -> Tensor:
-        height = x.shape[1]
-        q, k, v, v_tokens, gate, rope = self._split(x)
+    def forward(self, x: Tensor, hw_shape: Optional[Sequence[int]] = None,
+                num_prefix: int = 0) -> Tensor:
+        """Channels-last tokens ``(B, H, W, C)`` -> the same shape; or a token sequence
+        ``(B, num_prefix + H*W, C)`` with its grid ``hw_shape`` -> the same shape.
+
+        The ``num_prefix`` leading tokens have no grid position (a ViT's class token): they
+        attend to every token and every token attends to them, but they take no part in LePE
+        (its output is zero there) and RoPE leaves them unrotated (identity rows), as RoPE
+        ViTs treat the class token.
+        """
+        tokens, grid = self._tokens(x, hw_shape, num_prefix)
+        q, k, v, v_tokens, gate, rope = self._split(tokens, grid, num_prefix)
         if self.mix_in_float32:
             # k^3 and the per-token power overflow fp16/bf16: float32 even under autocast
             with torch.autocast(device_type=x.device.type, enabled=False):
@@ -132,19 +173,27 @@ class GatedAttention(BaseModule):
         else:
             mixed = self.mix(q, k, v, rope)
         # a view when the mixer wrote its output token-major (the fast kernelised op does)
-        mixed = rearrange(mixed, 'b n (h w) d -> b h w (n d)', h=height).to(gate.dtype)
+        mixed = rearrange(mixed, 'b n l d -> b l (n d)').to(gate.dtype)
         # reassigned rather than named, so that each intermediate is freed as soon as it is used
         # into LePE's output, which nothing else holds (its backward does not need it)
-        mixed = conv_tokens(self.lepe, v_tokens).add_(mixed)
-        del q, k, v, v_tokens
+        lepe = conv_tokens(self.lepe, v_tokens[:, num_prefix:].unflatten(1, grid)).flatten(1, 2)
+        if num_prefix:
+            lepe = torch.cat([lepe.new_zeros(lepe.shape[0], num_prefix, lepe.shape[2]), lepe], 1)
+        mixed = lepe.add_(mixed)
+        del q, k, v, v_tokens, lepe
         # ln(mixed) * silu(gate) as one node that recomputes both factors in its backward
         gated = gated_norm(mixed, gate, self.ln.normalized_shape, self.ln.weight, self.ln.bias,
                            self.ln.eps, mode=self.mode)
-        return self.out_proj(gated)
+        out = self.out_proj(gated)
+        return out if x.dim() == 3 else out.view(x.shape)
 
 
-class _KernelizedMixer(GatedAttention):
-    """Shared by the linear-cost mixers: feature maps + :func:`kernelized_attention`."""
+class KernelizedMixer(GatedAttention):
+    """A linear-cost mixer: two feature maps (:class:`nala_mm.ops.FeatureMap`) and
+    :func:`nala_mm.ops.kernelized_attention`. A new kernelised mixer is a subclass that passes
+    its maps; the fast op, the FLOP counter and the attention statistics need nothing else."""
+    # phi(q) . phi(k) rows are distributions only without RoPE (with it they can go negative)
+    rope_rows_are_distributions = False
 
     def __init__(self, embed_dims: int, num_heads: int, query_map, key_map, eps: float,
                  **kwargs):
@@ -162,7 +211,7 @@ class _KernelizedMixer(GatedAttention):
 
 
 @register_model
-class NormAwareLinearAttention(_KernelizedMixer):
+class NormAwareLinearAttention(KernelizedMixer):
     """NaLa: norm-aware linear attention (docs/method.md), linear in the number of tokens.
 
     Args:
@@ -186,13 +235,23 @@ class NormAwareLinearAttention(_KernelizedMixer):
         super().__init__(embed_dims, num_heads, *cfg.feature_maps(), eps, **kwargs)
         self.cfg = cfg
 
+    def query_exponent(self, qnorm: Tensor) -> Tensor:
+        return self.query_map.power(qnorm, self.head_dims)
+
+    def exponent_ceiling(self) -> Optional[float]:
+        return self.cfg.lam * (self.cfg.tau + 1.0) if self.cfg.norm_aware else None
+
+    def query_norm_at_exponent(self, power: float) -> Optional[float]:
+        if not self.cfg.norm_aware:
+            return None
+        return self.query_map.norm_at_power(power, self.head_dims)
+
     def extra_repr(self) -> str:
         return f'heads={self.num_heads}, {self.cfg}, rope={self.use_rope}, mode={self.mode}'
 
 
-
 @register_model
-class LinearAttention(_KernelizedMixer):
+class LinearAttention(KernelizedMixer):
     """Plain kernelised linear attention, the baseline NaLa is measured against.
 
     ``feature_map='relu'`` is positively homogeneous: scaling a query scales its numerator and
@@ -242,7 +301,6 @@ class SoftmaxAttention(GatedAttention):
         queries = q if rows is None else q[..., rows, :]
         queries, k = self._rotate(queries, k, rope, rows)
         return torch.softmax(queries @ k.transpose(-1, -2) * self.head_dims ** -0.5, dim=-1)
-
 
 
 @register_model

@@ -5,15 +5,13 @@ blocks (LePE-style conv, token mixer, conv, conv-FFN) with conv downsamples betw
 and parameter names follow the authors' classification code, so their checkpoints load once
 :func:`nala_mm.models.pretrained.checkpoint_filter` has dropped the classification tail.
 """
-import warnings
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Dict, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.utils.checkpoint as cp
 from mmcv.cnn import build_norm_layer
 from mmengine.model import BaseModule
 from mmengine.model.weight_init import trunc_normal_
-from mmengine.registry import MODELS
 from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.instancenorm import _InstanceNorm
@@ -21,7 +19,7 @@ from torch.nn.modules.instancenorm import _InstanceNorm
 from ..ops import gelu_conv, resolve_mode
 from ..registry import register_model
 from .depthwise import ResidualDepthwiseConv, TokenConv2d, conv_tokens
-from .mixers import GatedAttention
+from .mixer_specs import DEFAULT_HYBRID, MixerEntry, build_mixer, resolve_mixers
 from .pretrained import load_pretrained
 
 # Variants as data: per-stage widths, depths, heads, MLP ratios and LayerScale initial values, and
@@ -42,22 +40,9 @@ ARCH_SETTINGS: Dict[str, dict] = {
 }
 PER_STAGE_KEYS = ('embed_dims', 'depths', 'num_heads', 'mlp_ratios', 'layer_scale_init_values')
 NUM_STAGES = 4
-# What each mixer shorthand stands for: the registered mixer with its own defaults ('nala' is the
-# paper's NaLa, cosine-inhibit kernel). Any other mixer, or other settings, is a config dict.
-MIXER_SHORTHANDS: Dict[str, dict] = {
-    'nala': dict(type='NormAwareLinearAttention'),
-    'linear': dict(type='LinearAttention'),
-    'softmax': dict(type='SoftmaxAttention'),
-}
-# The released hybrid: NaLa in the two high-resolution stages, softmax attention in the others.
-DEFAULT_MIXERS = ('nala', 'nala', 'softmax', 'softmax')
 # The blocks' LayerNorms, as released; and the per-output norm Swin uses for dense prediction.
 BLOCK_NORM_CFG = dict(type='LN', eps=1e-6)
 DEFAULT_OUT_NORM_CFG = dict(type='LN', eps=1e-6)
-# Deprecated backbone arguments that set the 'nala' shorthand entries (a mixer config's keys).
-DEPRECATED_NALA_ARGS = ('kernel', 'alpha', 'lam', 'tau')
-
-MixerEntry = Union[str, dict]
 
 
 def resolve_arch(arch: Union[str, dict]) -> dict:
@@ -85,91 +70,6 @@ def resolve_arch(arch: Union[str, dict]) -> dict:
             raise ValueError(f'arch[{key!r}] must have {NUM_STAGES} entries (one per stage), got '
                              f'{len(settings[key])}: {settings[key]}')
     return settings
-
-
-def mixer_config(entry: MixerEntry) -> dict:
-    """A stage's ``mixers`` entry -> the mixer's registry config, without its sizes (the stage
-    supplies ``embed_dims`` and ``num_heads``)."""
-    if isinstance(entry, str):
-        if entry not in MIXER_SHORTHANDS:
-            raise ValueError(f'unknown mixer {entry!r}; expected one of {tuple(MIXER_SHORTHANDS)} '
-                             f"or a registered mixer's config dict such as "
-                             f"dict(type='NormAwareLinearAttention', kernel='relu')")
-        return dict(MIXER_SHORTHANDS[entry])
-    if isinstance(entry, dict) and 'type' in entry:
-        if {'embed_dims', 'num_heads'} & set(entry):
-            raise ValueError(f'a mixer config takes its sizes from the stage; remove embed_dims/'
-                             f'num_heads from {entry}')
-        return dict(entry)
-    raise TypeError(f"a mixers entry must be one of {tuple(MIXER_SHORTHANDS)} or a dict with a "
-                    f"'type' naming a registered mixer, got {entry!r}")
-
-
-def format_mixers(mixers: Sequence[MixerEntry]) -> str:
-    """``mixers`` as the shortest Python expression a config can paste, e.g.
-    ``(dict(type='NormAwareLinearAttention', kernel='relu'),) * 2 + ('softmax',) * 2``."""
-
-    def literal(entry: MixerEntry) -> str:
-        if isinstance(entry, dict):
-            return 'dict(' + ', '.join(f'{key}={value!r}' for key, value in entry.items()) + ')'
-        return repr(entry)
-
-    runs: List[List] = []
-    for entry in mixers:
-        if runs and runs[-1][0] == entry:
-            runs[-1][1] += 1
-        else:
-            runs.append([entry, 1])
-    if all(count == 1 for _, count in runs):
-        return '(' + ', '.join(literal(entry) for entry in mixers) + ')'
-    return ' + '.join(f'({literal(entry)},)' + (f' * {count}' if count > 1 else '')
-                      for entry, count in runs)
-
-
-def resolve_mixers(mixers: Optional[Sequence[MixerEntry]],
-                   attn_types: Optional[Sequence[MixerEntry]],
-                   nala_overrides: Dict[str, object]) -> Tuple[MixerEntry, ...]:
-    """The backbone's mixer arguments, deprecated ones included -> one ``mixers`` entry per
-    stage, with a deprecation warning that shows the equivalent new form."""
-    if attn_types is not None and mixers is not None:
-        raise ValueError('pass the per-stage token mixers as `mixers` only; `attn_types` is its '
-                         f'deprecated name (got mixers={mixers!r} and attn_types={attn_types!r})')
-    deprecated = []
-    if attn_types is not None:
-        deprecated.append('attn_types')
-        mixers = attn_types
-    if isinstance(mixers, (str, dict)):  # one entry where four are needed
-        raise TypeError(f'mixers takes one entry per stage ({NUM_STAGES}), got the single '
-                        f'entry {mixers!r}')
-    entries = tuple(DEFAULT_MIXERS if mixers is None else mixers)
-    if len(entries) != NUM_STAGES:
-        raise ValueError(f'mixers needs {NUM_STAGES} entries (one per stage), got {entries}')
-    if nala_overrides:
-        deprecated.extend(nala_overrides)
-        # they set the 'nala' shorthand entries only; a config dict keeps its own settings
-        entries = tuple(dict(MIXER_SHORTHANDS['nala'], **nala_overrides) if entry == 'nala'
-                        else entry for entry in entries)
-    if deprecated:
-        verb = 'is' if len(deprecated) == 1 else 'are'
-        warnings.warn(f'NaLaFormer: {", ".join(deprecated)} {verb} deprecated; the same backbone '
-                      f'is mixers={format_mixers(entries)}', DeprecationWarning, stacklevel=3)
-    return entries
-
-
-def resolve_out_norm_cfg(out_norm_cfg: Optional[dict], out_norm: Optional[bool]) -> Optional[dict]:
-    """``out_norm_cfg`` and the deprecated boolean ``out_norm`` -> the output norms' config."""
-    if out_norm is None:
-        return None if out_norm_cfg is None else dict(out_norm_cfg)
-    if not isinstance(out_norm, bool):  # a string such as 'False' would be truthy
-        raise TypeError(f'out_norm must be True or False, got {out_norm!r}; it is deprecated: use '
-                        f'out_norm_cfg={DEFAULT_OUT_NORM_CFG} or out_norm_cfg=None')
-    mapped = dict(DEFAULT_OUT_NORM_CFG) if out_norm else None
-    if out_norm_cfg != DEFAULT_OUT_NORM_CFG and out_norm_cfg != mapped:
-        raise ValueError(f'out_norm={out_norm} contradicts out_norm_cfg={out_norm_cfg}; out_norm '
-                         f'is deprecated: pass out_norm_cfg only')
-    warnings.warn(f'NaLaFormer: out_norm is deprecated; the same backbone is '
-                  f'out_norm_cfg={mapped}', DeprecationWarning, stacklevel=3)
-    return mapped
 
 
 def to_tokens(x: Tensor) -> Tensor:
@@ -227,15 +127,6 @@ class ConvFFN(nn.Module):
         else:
             hidden = self.dwconv(torch.ops.aten.gelu_(hidden))
         return self.fc2(hidden.permute(0, 2, 3, 1))
-
-
-def build_mixer(cfg: dict, channels: int, num_heads: int) -> GatedAttention:
-    mixer = MODELS.build(dict(cfg, embed_dims=channels, num_heads=num_heads))
-    if not isinstance(mixer, GatedAttention):
-        raise TypeError(f'mixer {cfg["type"]!r} built a {type(mixer).__name__}; a token mixer '
-                        f'must subclass nala_mm.models.GatedAttention (the shared qkvg/LePE/'
-                        f'gate wrapper)')
-    return mixer
 
 
 class NaLaBlock(nn.Module):
@@ -338,10 +229,10 @@ class NaLaFormer(BaseModule):
     Args:
         arch: ``'xt' | 't' | 's' | 'b' | 'l'`` or a dict with ``embed_dims, depths, num_heads``
             (and optionally ``mlp_ratios, layer_scale_init_values, drop_path_rate``).
-        mixers: per stage a token mixer: a shorthand from ``MIXER_SHORTHANDS`` (``'nala'``,
-            ``'linear'``, ``'softmax'``) or a registered mixer's config without its sizes, such
-            as ``dict(type='NormAwareLinearAttention', kernel='relu')``. ``None`` is the released
-            hybrid ``('nala', 'nala', 'softmax', 'softmax')``. Every mixer has the same
+        mixers: per stage a token mixer: a shorthand (``'nala'``, ``'linear'``, ``'softmax'``;
+            :mod:`nala_mm.models.mixer_specs`) or a registered mixer's config without its sizes,
+            such as ``dict(type='NormAwareLinearAttention', kernel='relu')``. Default: the
+            released hybrid ``('nala', 'nala', 'softmax', 'softmax')``. Every mixer has the same
             parameters, so any checkpoint loads into any choice (docs/mixers.md).
         in_channels: image channels.
         out_indices: stages whose features (before the downsample) are returned.
@@ -356,33 +247,20 @@ class NaLaFormer(BaseModule):
         init_cfg: ``dict(type='Pretrained', checkpoint=PATH, use_ema=False)`` loads the authors'
             classification checkpoint, a converted one or a whole detector/segmentor's (see
             :mod:`nala_mm.models.pretrained`); anything else is mmengine's initialisation.
-        attn_types: deprecated name of ``mixers``.
-        kernel, alpha, lam, tau: deprecated; settings of the ``'nala'`` shorthand entries, now
-            written in a mixer config: ``dict(type='NormAwareLinearAttention', kernel='relu')``.
-        out_norm: deprecated; ``True`` is ``out_norm_cfg=dict(type='LN', eps=1e-6)``, ``False``
-            is ``out_norm_cfg=None``.
     """
 
     def __init__(self, arch: Union[str, dict] = 't',
-                 mixers: Optional[Sequence[MixerEntry]] = None,
+                 mixers: Sequence[MixerEntry] = DEFAULT_HYBRID,
                  in_channels: int = 3,
                  out_indices: Sequence[int] = (0, 1, 2, 3),
                  out_norm_cfg: Optional[dict] = dict(type='LN', eps=1e-6),
                  drop_path_rate: Optional[float] = None, frozen_stages: int = -1,
                  norm_eval: bool = False, with_cp: bool = False,
                  norm_cfg: dict = dict(type='BN', requires_grad=True),
-                 init_cfg: Optional[dict] = None,
-                 attn_types: Optional[Sequence[MixerEntry]] = None,
-                 kernel: Optional[str] = None, alpha: Optional[float] = None,
-                 lam: Optional[float] = None, tau: Optional[float] = None,
-                 out_norm: Optional[bool] = None):
+                 init_cfg: Optional[dict] = None):
         super().__init__(init_cfg=init_cfg)
         settings = resolve_arch(arch)
-        nala_overrides = {name: value for name, value in zip(
-            DEPRECATED_NALA_ARGS, (kernel, alpha, lam, tau)) if value is not None}
-        mixers = resolve_mixers(mixers, attn_types, nala_overrides)
-        mixer_cfgs = [mixer_config(entry) for entry in mixers]
-        out_norm_cfg = resolve_out_norm_cfg(out_norm_cfg, out_norm)
+        mixer_cfgs = resolve_mixers(mixers, NUM_STAGES)
         out_indices = tuple(out_indices)
         if not out_indices or any(not 0 <= i < NUM_STAGES for i in out_indices):
             raise ValueError(f'out_indices must be non-empty and within 0..{NUM_STAGES - 1}, got '
@@ -394,11 +272,11 @@ class NaLaFormer(BaseModule):
 
         self.arch_settings = settings
         self.variant = arch.upper() if isinstance(arch, str) else 'custom'
-        self.mixers = mixers
+        self.mixers = tuple(mixers)
         self.in_channels = in_channels
         self.embed_dims = tuple(settings['embed_dims'])
         self.out_indices = out_indices
-        self.out_norm_cfg = out_norm_cfg
+        self.out_norm_cfg = None if out_norm_cfg is None else dict(out_norm_cfg)
         self.frozen_stages = frozen_stages
         self.norm_eval = norm_eval
 
@@ -462,6 +340,12 @@ class NaLaFormer(BaseModule):
                 if isinstance(module, _BatchNorm):
                     module.eval()
         return self
+
+    def stage_of(self, module_name: str) -> Optional[int]:
+        """The stage (0-based) holding the submodule ``module_name`` (``'layers.2.blocks.1.attn'``
+        -> 2); ``None`` for the stem and the output norms. The attention statistics ask it."""
+        parts = module_name.split('.')
+        return int(parts[1]) if len(parts) > 1 and parts[0] == 'layers' else None
 
     # ------------------------------------------------------------------ forward
     def forward(self, x: Tensor) -> Tuple[Tensor, ...]:

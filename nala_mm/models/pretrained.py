@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from ..ops import rope_angle_buffer
 from .mixers import NormAwareLinearAttention
+from .state_dicts import backbone_state_dict
 
 
 @dataclass(frozen=True)
@@ -34,7 +35,6 @@ class AuthorsCheckpoint:
         trained_kernel: the NaLa kernel the weights were trained with: the released code's
             ReLU split, not the paper's cosine inhibit (docs/method.md, "Paper vs released
             code").
-        model_key, ema_key: top-level entries holding the plain and the EMA weights.
         tail_prefixes: the classification tail (final projection, norm, head), which a dense
             backbone does not have.
         mixers: the stages' token mixers the weights were trained with, as ``mixers`` entries;
@@ -42,8 +42,6 @@ class AuthorsCheckpoint:
     """
     file: Optional[str]
     trained_kernel: str = 'relu'
-    model_key: str = 'model'
-    ema_key: str = 'model_ema'
     tail_prefixes: Tuple[str, ...] = ('proj.', 'norm.', 'head.')
     mixers: Tuple[str, ...] = ('nala', 'nala', 'softmax', 'softmax')
 
@@ -78,51 +76,6 @@ def layout_of(model: nn.Module) -> AuthorsCheckpoint:
     """The authors' checkpoint entry of ``model``'s variant (the shared layout for a custom
     arch)."""
     return PRETRAINED.get(str(getattr(model, 'variant', '')).lower(), RELEASED_LAYOUT)
-
-
-def _unwrap(checkpoint: Mapping, use_ema: bool, layout: AuthorsCheckpoint) -> Mapping:
-    if use_ema:
-        if layout.ema_key not in checkpoint:
-            raise KeyError(f'use_ema=True but the checkpoint has no {layout.ema_key!r} entry; it '
-                           f'has {sorted(checkpoint)[:10]}')
-        return checkpoint[layout.ema_key]
-    for key in (layout.model_key, 'state_dict'):
-        if key in checkpoint:
-            return checkpoint[key]
-    if checkpoint and all(isinstance(v, Tensor) for v in checkpoint.values()):
-        return checkpoint
-    raise KeyError(f'the checkpoint holds neither {layout.model_key!r} nor \'state_dict\' nor '
-                   f'bare tensors; its top-level keys are {sorted(checkpoint)[:10]}')
-
-
-def _strip_prefix(weights: Mapping, prefix: str, only_matching: bool) -> Dict[str, Tensor]:
-    """Drop ``prefix`` from every key; with ``only_matching`` keep just the keys that had it."""
-    out = {}
-    for key, value in weights.items():
-        if key.startswith(prefix):
-            out[key[len(prefix):]] = value
-        elif not only_matching:
-            out[key] = value
-    return out
-
-
-def backbone_weights(checkpoint: Mapping, use_ema: bool = False,
-                     layout: AuthorsCheckpoint = RELEASED_LAYOUT) -> Dict[str, Tensor]:
-    """Every tensor of the backbone in a checkpoint, under the backbone's own key names.
-
-    Accepts the authors' files (``model``/``model_ema``), mmengine checkpoints
-    (``state_dict``) and bare state dicts, with the wrappers a training run adds: ``module.``
-    (DDP) and ``backbone.`` (a whole segmentor/detector, whose heads are left out), in any
-    combination (``module.backbone.*`` from a distributed whole-model run).
-    """
-    if not isinstance(checkpoint, Mapping):
-        raise TypeError(f'a checkpoint must be a dict, got {type(checkpoint).__name__}')
-    weights = dict(_unwrap(checkpoint, use_ema, layout))
-    if weights and all(key.startswith('module.') for key in weights):
-        weights = _strip_prefix(weights, 'module.', only_matching=False)
-    if any(key.startswith('backbone.') for key in weights):
-        weights = _strip_prefix(weights, 'backbone.', only_matching=True)
-    return weights
 
 
 def rope_angle_buffers(model: nn.Module) -> List[Tensor]:
@@ -167,8 +120,9 @@ def checkpoint_filter(checkpoint: Mapping, model: nn.Module, use_ema: bool = Fal
     """A checkpoint (or a bare state dict) -> the ``state_dict`` to load into the NaLaFormer
     ``model``.
 
-    Unwraps ``model`` / ``model_ema`` (``use_ema``) / ``state_dict`` and the ``module.`` and
-    ``backbone.`` prefixes, drops the classification tail, checks the stored RoPE frequencies
+    Reads the checkpoint through :func:`nala_mm.models.state_dicts.backbone_state_dict`
+    (``model`` / ``model_ema`` with ``use_ema`` / ``state_dict``, the ``module.`` and
+    ``backbone.`` prefixes), drops the classification tail, checks the stored RoPE frequencies
     ``layers.{i}.RoPE.angle`` against the ones ``model`` rebuilds and returns them only with
     ``keep_rope`` (a converted file keeps them, so that every later load checks them again).
     The result covers every tensor of ``model`` except its ``out_norm{i}`` norms, which the
@@ -177,7 +131,7 @@ def checkpoint_filter(checkpoint: Mapping, model: nn.Module, use_ema: bool = Fal
     structure only: nothing is loaded.
     """
     layout = layout_of(model)
-    weights = backbone_weights(checkpoint, use_ema, layout)
+    weights = backbone_state_dict(checkpoint, use_ema)
     state, rope = {}, {}
     for key, value in weights.items():
         match = ROPE_KEY.match(key)

@@ -11,12 +11,28 @@ import pytest
 import torch
 from PIL import Image
 
-from nala_mm.analysis import (attention_layers, average_ranks, build_model_from_config,
-                              capture_inputs, layer_statistics, preprocess, query_entropies,
-                              query_token, row_entropy, spearman, stage_of)
-from nala_mm.analysis import attention_stats
-from nala_mm.models import (GatedAttention, LinearAttention, NormAwareLinearAttention,
-                            SoftmaxAttention)
+from nala_mm.analysis import (
+    analyze_backbone,
+    attention_layers,
+    attention_stats,
+    average_ranks,
+    capture_inputs,
+    layer_statistics,
+    preprocess,
+    query_entropies,
+    query_token,
+    row_entropy,
+    saturated_share,
+    saturation_norm,
+    spearman,
+)
+from nala_mm.config_loading import build_model_from_config
+from nala_mm.models import (
+    GatedAttention,
+    LinearAttention,
+    NormAwareLinearAttention,
+    SoftmaxAttention,
+)
 from tests.helpers import REPO, tool_env
 from tests.reference import formulas
 
@@ -112,7 +128,7 @@ def test_saturated_share_counts_queries_past_the_saturation_norm():
     stats = layer_statistics(layer, x)
     np.testing.assert_allclose(np.sort(stats.qnorm), np.sort(norms.flatten().numpy()), rtol=1e-6)
     assert stats.saturated_share == 0.25
-    entry = stats.summary('a', 0)
+    entry = stats.summary('a')
     assert entry['saturated_share'] == 0.25 and entry['exponent_ceiling'] == 4.5
     assert stats.saturation_norm == pytest.approx(math.atanh(0.985), abs=1e-12)
     assert 2.43 < stats.saturation_norm < 2.45
@@ -121,9 +137,41 @@ def test_saturated_share_counts_queries_past_the_saturation_norm():
         assert layer_statistics(layer, x * 2.45 / 2.43).saturated_share == 1.0
 
     fixed = NormAwareLinearAttention(32, 2, norm_aware=False).eval()
-    entry = layer_statistics(fixed, x).summary('fixed', 1)
+    entry = layer_statistics(fixed, x).summary('fixed')
     assert entry['norm_aware'] is False and entry['saturated_share'] is None
     assert entry['fixed_exponent'] == 3.0
+
+
+@pytest.mark.parametrize('query_norm, scale', [('raw', 1.0), ('rms', 4.0)])
+def test_saturation_follows_the_layers_own_exponent_in_both_query_norm_modes(query_norm, scale):
+    """Head dim 16: with ``query_norm='rms'`` tanh reads ||q|| / 4, so the exponent saturates
+    from 4 atanh(0.985) = 9.77 instead of 2.44. Queries at 2.45 are saturated for the paper's
+    exponent and for none of the rms layer's (an analysis that re-derived the exponent from
+    ||q|| alone would call them all saturated); queries 4x longer are saturated for both."""
+    torch.manual_seed(0)
+    layer = NormAwareLinearAttention(32, 2, query_norm=query_norm).eval()
+    with torch.no_grad():
+        layer.qkvg.weight[:32] = torch.eye(32)
+        layer.qkvg.bias[:32] = 0
+    directions = torch.nn.functional.normalize(torch.randn(80, 2, 16), dim=-1)
+
+    def stats_at(norms: torch.Tensor):
+        x = (directions * norms[..., None]).reshape(1, 8, 10, 32)
+        return layer_statistics(layer, x)
+
+    assert stats_at(torch.full((80, 2), 2.45)).saturated_share == (1.0 if scale == 1 else 0.0)
+    assert stats_at(torch.full((80, 2), 2.45 * scale)).saturated_share == 1.0
+    mixed = torch.full((80, 2), 2.43 * scale)
+    mixed.view(-1)[torch.randperm(160)[:40]] = 2.45 * scale
+    stats = stats_at(mixed)
+    assert stats.saturated_share == 0.25
+    # the exponent written out: lam (tau + tanh(||q|| / s)), s = 1 (raw) or sqrt(16) (rms)
+    own = 3 * (0.5 + np.tanh(stats.qnorm.astype(np.float64) / scale))
+    assert stats.saturated_share == float(np.mean(own >= 0.99 * 4.5))
+    assert saturated_share(layer, torch.from_numpy(stats.qnorm)) == 0.25
+    assert saturation_norm(layer) == pytest.approx(scale * math.atanh(0.985), abs=1e-12)
+    assert stats.summary('x')['exponent_mean_over_ceiling'] == pytest.approx(
+        float(own.mean()) / 4.5, rel=1e-6)
 
 
 def test_nala_entropy_falls_with_the_query_norm_linear_attention_ignores_it():
@@ -202,7 +250,7 @@ def test_large_layers_sample_a_fixed_set_of_queries(monkeypatch):
     monkeypatch.setattr(attention_stats, 'MAX_FULL_TOKENS', 100)
     monkeypatch.setattr(attention_stats, 'SAMPLED_QUERIES', 32)
     sampled = layer_statistics(layer, x, chunk=10)
-    entry = sampled.summary('big', 0)
+    entry = sampled.summary('big')
     assert entry['tokens'] == 144 and entry['entropy_queries'] == 32
     assert entry['entropy_queries_sampled'] is True
     np.testing.assert_array_equal(sampled.qnorm, full.qnorm)  # norms of every query
@@ -245,13 +293,14 @@ def test_layers_of_the_demo_backbone_and_their_inputs(demo_model_checkpoint):
     inputs = preprocess(model, image)
     assert tuple(inputs.shape) == (1, 3, *IMAGE_SIZE)
     layers = attention_layers(model.backbone)
-    assert [stage_of(name) for name in layers] == [0, 1, 2, 2, 3]
-    assert stage_of('attn') is None
+    assert [model.backbone.stage_of(name) for name in layers] == [0, 1, 2, 2, 3]
+    assert model.backbone.stage_of('patch_embed') is None
+    assert [s.stage for s in analyze_backbone(model.backbone, inputs).values()] == [0, 1, 2, 2, 3]
     captured = capture_inputs(model.backbone, layers, inputs)
     for (name, layer), stride in zip(layers.items(), (4, 8, 16, 16, 32)):
-        assert tuple(captured[name].shape) == (1, IMAGE_SIZE[0] // stride,
+        assert tuple(captured[name].x.shape) == (1, IMAGE_SIZE[0] // stride,
                                                IMAGE_SIZE[1] // stride, layer.embed_dims), name
-    with pytest.raises(ValueError, match='no GatedAttention'):
+    with pytest.raises(ValueError, match='no token mixer'):
         attention_layers(torch.nn.Conv2d(3, 3, 1))
 
 
@@ -289,7 +338,7 @@ def test_tool_end_to_end_on_the_demo_model(demo_model_checkpoint, tmp_path):
     for entry in layers:
         layer = modules[entry['layer']]
         with torch.no_grad():
-            rows, qnorm = independent_rows(layer, captured[entry['layer']])
+            rows, qnorm = independent_rows(layer, captured[entry["layer"]].x)
         entropy, qnorm = entropy_of(rows).numpy(), qnorm.numpy()
         # ranks: float32 noise between the tool's path and this recomputation reorders
         # near-tied entropies, which moves Spearman by up to ~1e-4 (seen: 1.0003e-4)

@@ -11,13 +11,11 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from nala_mm.analysis import (KERNELIZED_OP, build_flop_analyzer, count_flops,
-                              resolve_config_path)
+from nala_mm.analysis import KERNELIZED_OP, build_flop_analyzer, count_flops
 from nala_mm.models import NaLaFormer, NormAwareLinearAttention, SoftmaxAttention
 from nala_mm.ops import NaLaConfig, nala_attention_reference, rope_table
 from tests.helpers import REPO, tool_env
-from tests.reference.released_nalaformer import (CLASSIFICATION_TAIL, VARIANTS,
-                                                 released_variant)
+from tests.reference.released_nalaformer import CLASSIFICATION_TAIL, VARIANTS, released_variant
 
 CHANNELS, HEADS, SIDE = 64, 2, 14
 TOKENS, HEAD_DIM = SIDE * SIDE, CHANNELS // HEADS
@@ -202,13 +200,6 @@ def test_count_flops_splits_the_token_mixing_out():
     assert KERNELIZED_OP not in flops.uncounted and '| module' in flops.table
 
 
-def test_resolve_config_path_finds_packaged_configs():
-    path = resolve_config_path('mmseg::swin/swin-tiny-patch4-window7-in1k-pre_upernet_8xb2-160k_'
-                               'ade20k-512x512.py')
-    assert osp.isfile(path), path
-    assert resolve_config_path('configs/x.py') == 'configs/x.py'
-
-
 def backbone_flops(dims, depths, heads, mlp_ratio, nala_stages, height, width,
                    out_indices=(0, 1, 2, 3)) -> Counter:
     """A NaLaFormer backbone's count from its definition (spec §2; docs/method.md) at mmengine's
@@ -341,13 +332,27 @@ def test_swapped_stock_backbone_counts_its_nala_stages():
     """MiT-B0 widths with NaLa in stages 1-2 at 64x64: 16x16 and 8x8 tokens, head dim 32; the
     NaLa node's matmul work is 4*N*d^2 + 2*N*d per head and block (docs/method.md, 'Cost'), and
     the stock stages' attention still counts (bmm)."""
-    from nala_mm.models.swap import seg
-    model = seg.NaLaMixVisionTransformer(mixers=('nala', 'nala', 'softmax', 'softmax'),
-                                         embed_dims=32, num_layers=[2, 2, 2, 2],
-                                         num_heads=[1, 2, 5, 8]).eval()
+    from nala_mm.models.swap import NaLaMixVisionTransformer
+    model = NaLaMixVisionTransformer(mixers=('nala', 'nala', 'softmax', 'softmax'),
+                                     embed_dims=32, num_layers=[2, 2, 2, 2],
+                                     num_heads=[1, 2, 5, 8]).eval()
     count = count_flops(model, (torch.randn(1, 3, 64, 64),))
     stages = [(256, 1), (64, 2)]  # (tokens, heads) of the two NaLa stages, two blocks each
     expected = sum(2 * heads * (4 * tokens * 32 ** 2 + 2 * tokens * 32)
                    for tokens, heads in stages)
     assert count.by_operator['attn_matmul'] == expected
     assert count.by_operator['bmm'] > 0
+
+
+def test_nala_vit_counts_every_nala_layer_with_its_class_token():
+    """A 3-layer ViT of 64 channels (two heads of 32) at 64 x 80: a 4 x 5 patch grid and the
+    class token, 21 tokens. Each NaLa layer's node does 4*N*d^2 + 2*N*d matmul work per head
+    (docs/method.md, 'Cost'); the stock softmax layer is counted apart."""
+    from nala_mm.models.swap import NaLaVisionTransformer
+    model = NaLaVisionTransformer(mixers=('nala', 'nala', 'softmax'), img_size=(64, 64),
+                                  embed_dims=64, num_layers=3, num_heads=2, mlp_ratio=2)
+    model.eval()
+    count = count_flops(model, (torch.randn(1, 3, 64, 80),))
+    tokens, heads, d = 21, 2, 32
+    assert count.by_operator['attn_matmul'] == 2 * heads * (4 * tokens * d ** 2 + 2 * tokens * d)
+    assert count.attention > count.by_operator['attn_matmul']  # element-wise work on top

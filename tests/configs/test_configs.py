@@ -129,7 +129,8 @@ def test_detection_recipes():
     one = load(osp.join(REPO, 'configs', 'coco_nala_mask-rcnn_1x.py'))
     three = load(osp.join(REPO, 'configs', 'coco_nala_mask-rcnn_3x.py'))
     assert one.train_cfg.max_epochs == 12 and one.param_scheduler[1].milestones == [8, 11]
-    assert one.optim_wrapper.optimizer.lr == 1e-4 and one.optim_wrapper.optimizer.weight_decay == 0.05
+    optimizer = one.optim_wrapper.optimizer
+    assert optimizer.lr == 1e-4 and optimizer.weight_decay == 0.05
     assert three.train_cfg.max_epochs == 36 and three.param_scheduler[1].milestones == [27, 33]
     scales = three.train_dataloader.dataset.pipeline[2].scales
     assert min(s[1] for s in scales) == 480 and max(s[1] for s in scales) == 800
@@ -146,3 +147,16 @@ def test_detection_configs_carry_a_flip_tta():
         assert sorted(t['prob'] for t in flips) == [0.0, 1.0], name
     demo = load(osp.join(REPO, 'configs', 'demo', 'coco_demo_nala_mask-rcnn.py'))
     assert demo.tta_pipeline[1].transforms[0][0].scale == demo.image_scale
+
+
+ABLATION_CONFIGS = sorted(glob.glob(osp.join(REPO, 'configs', 'ablation', '*.py')))
+
+
+@pytest.mark.parametrize('path', ABLATION_CONFIGS, ids=osp.basename)
+def test_each_ablation_config_is_its_named_preset_in_all_four_stages(path):
+    """``configs/ablation/ade20k_nala-t_upernet_<preset>.py`` trains the preset the benchmarks
+    compare under that name (nala_mm.models.mixer_specs.PRESETS)."""
+    from nala_mm.models import PRESETS
+    name = osp.splitext(osp.basename(path))[0].rsplit('_', 1)[1]
+    assert name in PRESETS, f'{path} names no preset; presets: {sorted(PRESETS)}'
+    assert list(load(path).model.backbone.mixers) == [PRESETS[name].mixer] * 4

@@ -2,6 +2,7 @@
 in its scope, changes only what it says, and trains one iteration on the embedded demo data."""
 import glob
 import os.path as osp
+from typing import NamedTuple, Optional
 
 import pytest
 import torch
@@ -10,29 +11,56 @@ from mmengine.optim import build_optim_wrapper
 from mmengine.registry import init_default_scope
 from mmengine.runner import Runner
 
-from nala_mm.models.swap import det, seg
+from nala_mm.models.swap import (
+    DetNaLaSwinTransformer,
+    NaLaMixVisionTransformer,
+    NaLaPyramidVisionTransformerV2,
+    NaLaVisionTransformer,
+    SegNaLaSwinTransformer,
+)
 from tests.helpers import REPO
 
 SWAP = REPO / 'configs' / 'swap'
+S12 = ('nala',) * 2 + ('softmax',) * 2
+
+
+class Swap(NamedTuple):
+    cls: type
+    mixers: tuple
+    stock: str  # the stock config it inherits, to check that nothing else changed
+    mixer_ln_decay: bool = True  # the recipe decays weights: the mixers' LayerNorm must not
+    test_cfg: Optional[dict] = None  # a changed test mode
+
+
 EXPECTED = {
-    'ade20k_swin-t_upernet_nala-s12.py': (seg.NaLaSwinTransformer, ('nala',) * 2 + ('softmax',) * 2),
-    'ade20k_swin-t_upernet_nala-all.py': (seg.NaLaSwinTransformer, ('nala',) * 4),
-    'ade20k_segformer_mit-b0_nala-s12.py': (seg.NaLaMixVisionTransformer,
-                                            ('nala',) * 2 + ('softmax',) * 2),
-    'coco_swin-t_mask-rcnn_1x_nala-s12.py': (det.NaLaSwinTransformer,
-                                             ('nala',) * 2 + ('softmax',) * 2),
-    'coco_pvtv2-b0_retinanet_1x_nala-s12.py': (det.NaLaPyramidVisionTransformerV2,
-                                               ('nala',) * 2 + ('softmax',) * 2),
+    'ade20k_swin-t_upernet_nala-s12.py': Swap(
+        SegNaLaSwinTransformer, S12,
+        'mmseg::swin/swin-tiny-patch4-window7-in1k-pre_upernet_8xb2-160k_ade20k-512x512.py'),
+    'ade20k_swin-t_upernet_nala-all.py': Swap(
+        SegNaLaSwinTransformer, ('nala',) * 4,
+        'mmseg::swin/swin-tiny-patch4-window7-in1k-pre_upernet_8xb2-160k_ade20k-512x512.py'),
+    'ade20k_segformer_mit-b0_nala-s12.py': Swap(
+        NaLaMixVisionTransformer, S12,
+        'mmseg::segformer/segformer_mit-b0_8xb2-160k_ade20k-512x512.py'),
+    'coco_swin-t_mask-rcnn_1x_nala-s12.py': Swap(
+        DetNaLaSwinTransformer, S12, 'mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_1x_coco.py'),
+    'coco_pvtv2-b0_retinanet_1x_nala-s12.py': Swap(
+        NaLaPyramidVisionTransformerV2, S12, 'mmdet::pvt/retinanet_pvtv2-b0_fpn_1x_coco.py'),
+    'ade20k_deit-s_upernet_nala-all.py': Swap(
+        NaLaVisionTransformer, ('nala',) * 12,
+        'mmseg::vit/vit_deit-s16_upernet_8xb2-160k_ade20k-512x512.py'),
+    # no weight decay in either recipe: the mixers' parameters need nothing more
+    'ade20k_segmenter_vit-s_mask_nala-all.py': Swap(
+        NaLaVisionTransformer, ('nala',) * 12,
+        'mmseg::segmenter/segmenter_vit-s_mask_8xb1-160k_ade20k-512x512.py', False),
+    'cityscapes_setr_vit-l_naive_nala-all.py': Swap(
+        NaLaVisionTransformer, ('nala',) * 24,
+        'mmseg::setr/setr_vit-l_naive_8xb1-80k_cityscapes-768x768.py', False,
+        dict(mode='whole')),
 }
-# the stock configs each one inherits, to check that nothing else changed
-STOCK = {
-    'ade20k_swin-t_upernet_nala-s12.py':
-        'mmseg::swin/swin-tiny-patch4-window7-in1k-pre_upernet_8xb2-160k_ade20k-512x512.py',
-    'ade20k_segformer_mit-b0_nala-s12.py':
-        'mmseg::segformer/segformer_mit-b0_8xb2-160k_ade20k-512x512.py',
-    'coco_swin-t_mask-rcnn_1x_nala-s12.py': 'mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_1x_coco.py',
-    'coco_pvtv2-b0_retinanet_1x_nala-s12.py': 'mmdet::pvt/retinanet_pvtv2-b0_fpn_1x_coco.py',
-}
+# what a config calls each class (the two Swin classes share their registered name)
+TYPE_NAMES = {SegNaLaSwinTransformer: 'NaLaSwinTransformer',
+              DetNaLaSwinTransformer: 'NaLaSwinTransformer'}
 
 
 def stock_config(spec: str) -> Config:
@@ -51,24 +79,29 @@ def unscoped(value):
     return value
 
 
-def test_the_five_configs_are_listed():
+def test_every_config_is_listed():
     assert sorted(osp.basename(p) for p in glob.glob(str(SWAP / '*.py'))) == sorted(EXPECTED)
 
 
-@pytest.mark.parametrize('name', STOCK)
+@pytest.mark.parametrize('name', sorted(EXPECTED))
 def test_only_the_backbone_type_mixers_and_the_mixer_norm_decay_change(name):
+    swap = EXPECTED[name]
     ours = unscoped(Config.fromfile(str(SWAP / name)).to_dict())
-    stock = unscoped(stock_config(STOCK[name]).to_dict())
+    stock = unscoped(stock_config(swap.stock).to_dict())
     ours_backbone, stock_backbone = ours['model'].pop('backbone'), stock['model'].pop('backbone')
-    assert ours_backbone.pop('type') == EXPECTED[name][0].__name__
-    assert tuple(ours_backbone.pop('mixers')) == EXPECTED[name][1]
+    assert ours_backbone.pop('type') == TYPE_NAMES.get(swap.cls, swap.cls.__name__)
+    assert tuple(ours_backbone.pop('mixers')) == swap.mixers
     stock_backbone.pop('type')
     assert ours_backbone == stock_backbone
+    if swap.test_cfg is not None:
+        assert ours['model'].pop('test_cfg') == swap.test_cfg
+        stock['model'].pop('test_cfg')
     assert ours['model'] == stock['model']
-    keys = ours['optim_wrapper'].pop('paramwise_cfg')['custom_keys']
-    assert keys.pop('mixer.ln') == dict(decay_mult=0.)
-    stock_paramwise = stock['optim_wrapper'].pop('paramwise_cfg', {})
-    assert keys == stock_paramwise.get('custom_keys', {})
+    if swap.mixer_ln_decay:
+        keys = ours['optim_wrapper'].pop('paramwise_cfg')['custom_keys']
+        assert keys.pop('mixer.ln') == dict(decay_mult=0.)
+        stock_paramwise = stock['optim_wrapper'].pop('paramwise_cfg', {})
+        assert keys == stock_paramwise.get('custom_keys', {})
     assert ours['optim_wrapper'] == stock['optim_wrapper']
     for key in ('train_dataloader', 'param_scheduler', 'train_cfg', 'val_evaluator'):
         assert ours[key] == stock[key], key
@@ -81,8 +114,10 @@ def test_optimizer_groups_of_the_mixers(name):
     cfg = Config.fromfile(str(SWAP / name))
     init_default_scope(cfg.default_scope)
     registry = __import__(f'{cfg.default_scope}.registry', fromlist=['MODELS']).MODELS
+    if 'pretrained' in cfg.model:
+        cfg.model.pretrained = None  # (a stock Segmenter names a download URL)
     model = registry.build(cfg.model)
-    assert type(model.backbone) is EXPECTED[name][0]
+    assert type(model.backbone) is EXPECTED[name].cls
     wrapper = build_optim_wrapper(model, cfg.optim_wrapper)
     names = {id(p): n for n, p in model.named_parameters()}
     groups = {names[id(p)]: group for group in wrapper.optimizer.param_groups
@@ -90,16 +125,21 @@ def test_optimizer_groups_of_the_mixers(name):
     base_lr = cfg.optim_wrapper.optimizer.lr
     mixer_params = [n for n in groups if '.mixer.' in n]
     assert mixer_params
+    decays = cfg.optim_wrapper.optimizer.get('weight_decay', 0) > 0
+    assert decays == EXPECTED[name].mixer_ln_decay
     for param in mixer_params:
         assert groups[param]['lr'] == base_lr, param
-        assert (groups[param]['weight_decay'] == 0) == ('.mixer.ln.' in param), param
+        assert (groups[param]['weight_decay'] == 0) == ('.mixer.ln.' in param or not decays), \
+            param
     assert all(groups[n]['lr'] == base_lr for n in groups if n.startswith('backbone.'))
 
 
-def _one_iteration_config(name: str, ade_root, coco_root, work_dir) -> Config:
+def _one_iteration_config(name: str, roots: dict, work_dir) -> Config:
     cfg = Config.fromfile(str(SWAP / name))
     cfg.work_dir = str(work_dir)
     cfg.model.backbone.init_cfg = None  # the stock configs point at download URLs
+    if 'pretrained' in cfg.model:
+        cfg.model.pretrained = None
     cfg.train_cfg = dict(type='IterBasedTrainLoop', max_iters=1, val_interval=1000)
     # two images: UperNet's pyramid pooling normalises a 1x1 map over the batch
     cfg.train_dataloader.update(batch_size=2, num_workers=0, persistent_workers=False)
@@ -111,7 +151,7 @@ def _one_iteration_config(name: str, ade_root, coco_root, work_dir) -> Config:
     cfg.log_level = 'WARNING'
     dataset = cfg.train_dataloader.dataset
     if cfg.default_scope == 'mmseg':
-        dataset.data_root = str(ade_root)
+        dataset.data_root = str(roots[dataset.type])
         cfg.model.data_preprocessor.size = (96, 96)
         for step in dataset.pipeline:
             if step.type == 'RandomResize':
@@ -119,7 +159,7 @@ def _one_iteration_config(name: str, ade_root, coco_root, work_dir) -> Config:
             if step.type == 'RandomCrop':
                 step.crop_size = (96, 96)
     else:
-        dataset.data_root = f'{coco_root}/'
+        dataset.data_root = f'{roots["coco"]}/'
         # the demo's four classes take COCO's first four label ids; the heads keep their 80
         dataset.metainfo = dict(classes=('disc', 'square', 'triangle', 'star'))
         for step in dataset.pipeline:
@@ -128,12 +168,15 @@ def _one_iteration_config(name: str, ade_root, coco_root, work_dir) -> Config:
     return cfg
 
 
-# The Swin-T ones (a 28M-parameter backbone under UperNet / Mask R-CNN, ~20 s each here) run
-# under make test-extended; MiT-B0 and PVTv2-B0 in make test.
-@pytest.mark.parametrize('name', [pytest.param(n, marks=pytest.mark.extended) if 'swin-t' in n
-                                  else n for n in sorted(EXPECTED)])
-def test_one_training_iteration_on_the_demo_data(name, tiny_ade, tiny_coco, tmp_path):
-    runner = Runner.from_cfg(_one_iteration_config(name, tiny_ade, tiny_coco, tmp_path))
+# The Swin-T ones (a 28M-parameter backbone under UperNet / Mask R-CNN) and SETR's ViT-L (300M)
+# run under make test-extended; the others in make test.
+@pytest.mark.parametrize('name', [pytest.param(n, marks=pytest.mark.extended)
+                                  if 'swin-t' in n or 'vit-l' in n else n
+                                  for n in sorted(EXPECTED)])
+def test_one_training_iteration_on_generated_data(name, tiny_ade, tiny_coco, tiny_cityscapes,
+                                                  tmp_path):
+    roots = dict(ADE20KDataset=tiny_ade, CityscapesDataset=tiny_cityscapes, coco=tiny_coco)
+    runner = Runner.from_cfg(_one_iteration_config(name, roots, tmp_path))
     before = {n: p.detach().clone() for n, p in runner.model.named_parameters()
               if '.mixer.' in n}
     runner.train()

@@ -170,7 +170,7 @@ def test_the_control_model_cannot_see_the_exemplar_from_an_object():
     import torch
     from mmseg.models.utils import resize
 
-    from nala_mm.analysis import build_model_from_config
+    from nala_mm.config_loading import build_model_from_config
     from tests.helpers import REPO
 
     config = str(REPO / 'configs' / 'longrange' / 'ade20k_longrange_segformer.py')
@@ -190,3 +190,42 @@ def test_the_control_model_cannot_see_the_exemplar_from_an_object():
     reach = max(60 - ys.min(), ys.max() - 67, 60 - xs.min(), xs.max() - 67)
     assert 24 <= reach < lr.FAR_PX, reach
     assert support('SoftmaxAttention').all()  # attention reaches every pixel
+
+
+def test_conv_reach_measures_a_known_receptive_field():
+    """Two stacked 3x3 convolutions reach 2 px: what conv_reach finds by gradients."""
+    import torch
+    from torch import nn
+
+    from nala_mm.analysis.receptive_field import conv_reach
+
+    class TwoConvs(nn.Module):
+
+        def __init__(self):
+            super().__init__()
+            self.stem = nn.Conv2d(3, 4, 3, padding=1)
+            self.decode_head = nn.Conv2d(4, 2, 3, padding=1)
+
+        def extract_feat(self, image):
+            return self.stem(image)
+
+    torch.manual_seed(0)
+    assert conv_reach(TwoConvs(), (24, 20), pixels=4) == 2
+
+
+def test_the_recorded_reach_is_that_of_the_control_model():
+    """conv_reach of the long-range config's control model (randomly initialised, as the sweep
+    measures it before training) is what the committed sweep recorded, short of FAR_PX."""
+    import json
+
+    from nala_mm.analysis.receptive_field import conv_reach
+    from nala_mm.config_loading import build_model_from_config
+    from tests.helpers import REPO
+
+    model, _ = build_model_from_config(
+        str(REPO / 'configs' / 'longrange' / 'ade20k_longrange_segformer.py'),
+        {'model.backbone.mixers': [dict(type='IdentityAttention')] * 4})
+    model.init_weights()
+    saved = json.loads((REPO / 'benchmarks' / 'results' / 'longrange.json').read_text())
+    reach = conv_reach(model, lr.DEFAULT_SIZE)
+    assert reach == saved['conv_reach_px'] < lr.FAR_PX

@@ -9,6 +9,7 @@ from types import ModuleType
 import numpy as np
 import pytest
 from PIL import Image
+
 from tests.helpers import REPO
 
 

@@ -9,9 +9,9 @@ from statistics import mean, stdev
 from typing import List
 
 import pytest
+
 from tests.docs import test_readme_numbers as readme
-from tests.docs.test_readme_numbers import (Quote, find, load, measurements, read_page, row,
-                                            source)
+from tests.docs.test_readme_numbers import Quote, find, load, measurements, read_page, row, source
 
 PAGE = 'docs/longrange.md'
 NAME = 'longrange.json'

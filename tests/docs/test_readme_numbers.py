@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 import pytest
+
 from tests.helpers import REPO
 
 RESULTS = 'benchmarks/results'
@@ -44,7 +45,8 @@ NOT_MEASURED: Dict[str, Dict[str, str]] = {
                                                               '85.7')}},
     'docs/fidelity.md': {'2506.21137': 'the paper\'s arXiv id'},
     'docs/swap.md': {
-        '2308.00442': 'FLatten Transformer\'s arXiv id', '2312.08874': 'Agent Attention\'s arXiv id',
+        '2308.00442': 'FLatten Transformer\'s arXiv id',
+        '2312.08874': 'Agent Attention\'s arXiv id',
         **{value: 'ADE20K mIoU / COCO AP of Swin-T, FLatten-Swin-T and Agent-Swin-T as their '
                   'papers report them (cited on the page)'
            for value in ('44.51', '44.82', '46.68', '43.7', '39.8', '44.2', '40.2', '44.6',

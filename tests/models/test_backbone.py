@@ -1,17 +1,22 @@
-"""NaLaFormer backbone: shapes, arguments (deprecated ones included), parameter counts, the
-checkpoint layout of earlier versions, training controls. Loading the authors' checkpoints:
+"""NaLaFormer backbone: shapes, arguments, parameter counts, the checkpoint layout of earlier
+versions, training controls. Loading the authors' checkpoints:
 tests/test_pretrained.py."""
 import math
 import os.path as osp
-import warnings
 
 import pytest
 import torch
 
 from nala_mm.models import NaLaFormer
-from tests.reference.released_nalaformer import (CLASSIFICATION_TAIL, VARIANTS, RoPE,
-                                                 released_frequencies, released_variant)
-from tests.helpers import REPO, TINY_ARCH as TINY, rel_err
+from tests.helpers import REPO, rel_err
+from tests.helpers import TINY_ARCH as TINY
+from tests.reference.released_nalaformer import (
+    CLASSIFICATION_TAIL,
+    VARIANTS,
+    RoPE,
+    released_frequencies,
+    released_variant,
+)
 
 RELU = dict(type='NormAwareLinearAttention', kernel='relu')
 
@@ -134,7 +139,7 @@ V0_ARCH = dict(embed_dims=(16, 32, 64, 128), depths=(1, 1, 1, 1), num_heads=(1, 
 def test_a_state_dict_of_the_earlier_layout_loads_strictly_and_computes_the_same():
     """tests/data/nalaformer_v0_tiny.pth holds the state dict of a tiny hybrid NaLaFormer with
     per-output norms, its input and its outputs, written by the code at the commit in its
-    ``meta`` (built with ``attn_types=`` and the boolean ``out_norm``). Every tensor was moved
+    ``meta``. Every tensor was moved
     off its initial value, and all values are float16-representable, so the file stores them as
     float16 exactly."""
     saved = torch.load(V0_CHECKPOINT, weights_only=True)
@@ -147,70 +152,6 @@ def test_a_state_dict_of_the_earlier_layout_loads_strictly_and_computes_the_same
     # differs from the file's 2 by up to 1.3e-6)
     for out, expected in zip(outs, saved['outputs']):
         torch.testing.assert_close(out, expected, rtol=0, atol=1e-5)
-
-
-def build_quietly(**kwargs) -> NaLaFormer:
-    with warnings.catch_warnings():
-        warnings.simplefilter('ignore', DeprecationWarning)
-        return NaLaFormer(**kwargs)
-
-
-def same_model(old: NaLaFormer, new: NaLaFormer) -> None:
-    """Same keys and shapes, and the same outputs once they hold the same weights."""
-    assert {k: v.shape for k, v in old.state_dict().items()} == \
-        {k: v.shape for k, v in new.state_dict().items()}
-    assert [repr(s.blocks[0].attn) for s in old.layers] == [repr(s.blocks[0].attn)
-                                                            for s in new.layers]
-    new.load_state_dict(old.state_dict(), strict=True)
-    image = torch.randn(1, 3, 40, 56)
-    with torch.no_grad():
-        for a, b in zip(old.eval()(image), new.eval()(image)):
-            assert torch.equal(a, b)
-
-
-@pytest.mark.parametrize('old, new, shown', [
-    (dict(attn_types=('nala', 'softmax', 'linear', 'nala')),
-     dict(mixers=('nala', 'softmax', 'linear', 'nala')),
-     "mixers=('nala', 'softmax', 'linear', 'nala')"),
-    (dict(kernel='relu'), dict(mixers=(RELU,) * 2 + ('softmax',) * 2),
-     "mixers=(dict(type='NormAwareLinearAttention', kernel='relu'),) * 2 + ('softmax',) * 2"),
-    (dict(attn_types=('nala',) * 4, kernel='relu', alpha=10.0, lam=2.0, tau=0.25),
-     dict(mixers=(dict(RELU, alpha=10.0, lam=2.0, tau=0.25),) * 4),
-     "mixers=(dict(type='NormAwareLinearAttention', kernel='relu', alpha=10.0, lam=2.0, "
-     "tau=0.25),) * 4"),
-    # a config dict keeps its own settings: the NaLa arguments only ever set the shorthand
-    (dict(mixers=('nala', dict(type='NormAwareLinearAttention', kernel='positive'), 'softmax',
-                  'softmax'), tau=0.25),
-     dict(mixers=(dict(type='NormAwareLinearAttention', tau=0.25),
-                  dict(type='NormAwareLinearAttention', kernel='positive'), 'softmax',
-                  'softmax')),
-     "mixers=(dict(type='NormAwareLinearAttention', tau=0.25),) + "
-     "(dict(type='NormAwareLinearAttention', kernel='positive'),) + ('softmax',) * 2"),
-    (dict(out_norm=False), dict(out_norm_cfg=None), 'out_norm_cfg=None'),
-    (dict(out_norm=True), dict(), "out_norm_cfg={'type': 'LN', 'eps': 1e-06}"),
-], ids=['attn_types', 'kernel', 'all-nala-settings', 'nala-args-with-dicts', 'out_norm-off',
-        'out_norm-on'])
-def test_deprecated_arguments_warn_with_the_new_form_and_build_the_same_model(old, new, shown):
-    torch.manual_seed(0)
-    with pytest.warns(DeprecationWarning, match='deprecated') as record:
-        before = NaLaFormer(arch=TINY, **old)
-    assert any(shown in str(w.message) for w in record), [str(w.message) for w in record]
-    # the warning points at the caller, not at the backbone's own module
-    assert all(w.filename == __file__ for w in record)
-    with warnings.catch_warnings():
-        warnings.simplefilter('error', DeprecationWarning)  # the new form is silent
-        after = NaLaFormer(arch=TINY, **new)
-    same_model(before, after)
-
-
-def test_deprecated_arguments_reproduce_the_earlier_checkpoint():
-    saved = torch.load(V0_CHECKPOINT, weights_only=True)
-    model = build_quietly(arch=V0_ARCH, attn_types=('nala', 'nala', 'softmax', 'softmax'),
-                          kernel='cosine', alpha=20.0, lam=3.0, tau=0.5, out_norm=True).eval()
-    model.load_state_dict(saved['state_dict'], strict=True)
-    with torch.no_grad():
-        torch.testing.assert_close(model(saved['input'].float())[3], saved['outputs'][3],
-                                   rtol=0, atol=1e-5)  # thread-count rounding, as above
 
 
 @pytest.mark.parametrize('head_dim', [4, 8, 12, 16, 32, 64])
@@ -290,14 +231,8 @@ def test_all_linear_backbone_uses_nala_everywhere():
     (dict(arch=TINY, mixers='nala'), TypeError, "one entry per stage.*'nala'"),
     (dict(arch=TINY, mixers=('nala', dict(kernel='relu'), 'nala', 'nala')), TypeError,
      "a 'type'.*'kernel': 'relu'"),
-    (dict(arch=TINY, attn_types=('nala',) * 4, mixers=('nala',) * 4), ValueError,
-     'mixers` only; `attn_types` is its deprecated name'),
-    (dict(arch=TINY, attn_types=('nala', 'flash', 'nala', 'nala')), ValueError, "'flash'"),
-    (dict(arch=TINY, out_norm=True, out_norm_cfg=None), ValueError,
-     'out_norm=True contradicts out_norm_cfg=None'),
     (dict(arch=TINY, out_indices=(0, 4)), ValueError, r'\(0, 4\)'),
     (dict(arch=TINY, frozen_stages=5), ValueError, 'frozen_stages.*5'),
-    (dict(arch=TINY, out_norm='no'), TypeError, "out_norm.*'no'"),
     (dict(arch=3), TypeError, 'int'),
     # a typo must not silently fall back to the default ratio
     (dict(arch=dict(TINY, mlp_ratio=(3, 3, 3, 3))), ValueError, r"unknown keys \['mlp_ratio'\]"),
@@ -319,7 +254,7 @@ def test_bad_input_names_the_shape(bad, error, match):
 
 @pytest.mark.parametrize('scope', ['mmseg', 'mmdet'])
 def test_builds_under_default_scope(scope):
-    from mmengine.registry import DefaultScope, MODELS
+    from mmengine.registry import MODELS, DefaultScope
     with DefaultScope.overwrite_default_scope(scope):
         model = MODELS.build(dict(type='NaLaFormer', arch='xt', out_indices=(2,)))
     assert isinstance(model, NaLaFormer) and model.embed_dims == VARIANTS['xt']['dims']

@@ -7,9 +7,9 @@ from hypothesis import strategies as st
 from mmengine.registry import init_default_scope
 from PIL import Image
 
+from nala_mm.config_loading import load_config
 from nala_mm.models import NormAwareLinearAttention
 from nala_mm.ops import NaLaConfig, nala_attention, nala_attention_reference, rope_table
-from nala_mm.runtime import load_config
 from tests.helpers import DEMO_SEG_CFG
 
 

@@ -4,11 +4,18 @@ import itertools
 import pytest
 import torch
 
-from nala_mm.models import (GatedAttention, IdentityAttention, LinearAttention, NaLaFormer,
-                            NormAwareLinearAttention, SoftmaxAttention)
+from nala_mm.models import (
+    GatedAttention,
+    IdentityAttention,
+    LinearAttention,
+    NaLaFormer,
+    NormAwareLinearAttention,
+    SoftmaxAttention,
+)
 from nala_mm.ops import NaLaConfig, nala_attention, rope_table
 from nala_mm.registry import register_model
-from tests.helpers import TINY_ARCH as TINY, rel_err
+from tests.helpers import TINY_ARCH as TINY
+from tests.helpers import rel_err
 
 
 def qkv(shape, seed=0, scale=1.0):

@@ -8,8 +8,9 @@ import torch
 import torch.nn.functional as F
 
 from nala_mm.models import ARCH_SETTINGS, PRETRAINED, NaLaFormer, checkpoint_filter
+from tests.helpers import REPO, rel_err
+from tests.helpers import TINY_ARCH as TINY
 from tests.reference.released_nalaformer import VARIANTS, ReleasedNaLaFormer, released_variant
-from tests.helpers import REPO, TINY_ARCH as TINY, rel_err
 
 RELU = dict(type='NormAwareLinearAttention', kernel='relu')
 RELEASED_MIXERS = (RELU, RELU, 'softmax', 'softmax')
@@ -27,6 +28,7 @@ def test_every_pretrained_config_fine_tunes_the_released_kernel():
     """Configs that start from the authors' weights run NaLa with the kernel those weights were
     trained with (PRETRAINED), in every NaLa stage."""
     import glob
+
     from mmengine.config import Config
     configs = sorted(glob.glob(osp.join(REPO, 'configs', '*.py')))
     assert len(configs) == 15
@@ -144,6 +146,7 @@ class LogRecords:
 
     def __enter__(self):
         import logging
+
         from mmengine.logging import MMLogger
         self.records, self.logger = [], MMLogger.get_current_instance()
         self.handler = logging.Handler()

@@ -11,7 +11,12 @@ from mmseg.models.backbones import MixVisionTransformer
 from mmseg.models.backbones import SwinTransformer as SegSwinTransformer
 from mmseg.registry import MODELS as SEG_MODELS
 
-from nala_mm.models.swap import det, seg
+from nala_mm.models.swap import (
+    DetNaLaSwinTransformer,
+    NaLaMixVisionTransformer,
+    NaLaPyramidVisionTransformerV2,
+    SegNaLaSwinTransformer,
+)
 
 HYBRID = ('nala', 'nala', 'softmax', 'softmax')
 SWIN_ARGS = dict(embed_dims=32, depths=(2, 2, 2, 2), num_heads=(1, 2, 4, 8), window_size=7)
@@ -52,17 +57,17 @@ def sr_dropped(stage: int) -> Set[str]:
 
 
 HOSTS = {
-    'mmseg-swin': Host(seg.NaLaSwinTransformer, SegSwinTransformer, SWIN_ARGS, swin_blocks,
+    'mmseg-swin': Host(SegNaLaSwinTransformer, SegSwinTransformer, SWIN_ARGS, swin_blocks,
                        (32, 64, 128, 256), SWIN_CARRIED,
                        lambda s: {'w_msa.relative_position_bias_table',
                                   'w_msa.relative_position_index'}),
-    'mmdet-swin': Host(det.NaLaSwinTransformer, DetSwinTransformer, SWIN_ARGS, swin_blocks,
+    'mmdet-swin': Host(DetNaLaSwinTransformer, DetSwinTransformer, SWIN_ARGS, swin_blocks,
                        (32, 64, 128, 256), SWIN_CARRIED,
                        lambda s: {'w_msa.relative_position_bias_table',
                                   'w_msa.relative_position_index'}),
-    'mmseg-mit': Host(seg.NaLaMixVisionTransformer, MixVisionTransformer, MIT_ARGS, mit_blocks,
+    'mmseg-mit': Host(NaLaMixVisionTransformer, MixVisionTransformer, MIT_ARGS, mit_blocks,
                       (32, 64, 160, 256), MHA_CARRIED, sr_dropped),
-    'mmdet-pvtv2': Host(det.NaLaPyramidVisionTransformerV2, PyramidVisionTransformerV2,
+    'mmdet-pvtv2': Host(NaLaPyramidVisionTransformerV2, PyramidVisionTransformerV2,
                         MIT_ARGS, mit_blocks, (32, 64, 160, 256), MHA_CARRIED, sr_dropped),
 }
 
@@ -210,15 +215,15 @@ def test_a_swapped_stage_reaches_the_opposite_corner(name):
 
 
 def test_each_package_has_its_own_registered_swin():
-    assert SEG_MODELS.get('NaLaSwinTransformer') is seg.NaLaSwinTransformer
-    assert DET_MODELS.get('NaLaSwinTransformer') is det.NaLaSwinTransformer
-    assert issubclass(seg.NaLaSwinTransformer, SegSwinTransformer)
-    assert issubclass(det.NaLaSwinTransformer, DetSwinTransformer)
-    assert SEG_MODELS.get('NaLaMixVisionTransformer') is seg.NaLaMixVisionTransformer
-    assert DET_MODELS.get('NaLaPyramidVisionTransformerV2') is det.NaLaPyramidVisionTransformerV2
+    assert SEG_MODELS.get('NaLaSwinTransformer') is SegNaLaSwinTransformer
+    assert DET_MODELS.get('NaLaSwinTransformer') is DetNaLaSwinTransformer
+    assert issubclass(SegNaLaSwinTransformer, SegSwinTransformer)
+    assert issubclass(DetNaLaSwinTransformer, DetSwinTransformer)
+    assert SEG_MODELS.get('NaLaMixVisionTransformer') is NaLaMixVisionTransformer
+    assert DET_MODELS.get('NaLaPyramidVisionTransformerV2') is NaLaPyramidVisionTransformerV2
     # an mmseg config reaches mmdet's PVTv2 by the package prefix
     built = SEG_MODELS.build(dict(type='mmdet.NaLaPyramidVisionTransformerV2', **MIT_ARGS))
-    assert isinstance(built, det.NaLaPyramidVisionTransformerV2)
+    assert isinstance(built, NaLaPyramidVisionTransformerV2)
 
 
 def test_a_swapped_checkpoint_loads_exactly(tmp_path):
@@ -247,7 +252,7 @@ def test_official_layouts_are_converted_before_the_carry_over(tmp_path):
                      'layers.0.blocks.0.attn.qkv.bias': torch.zeros(3 * width),
                      'layers.0.blocks.0.attn.proj.weight': proj}
     torch.save({'model': official_swin}, tmp_path / 'swin.pth')
-    swin = det.NaLaSwinTransformer(mixers=HYBRID, convert_weights=True, init_cfg=dict(
+    swin = DetNaLaSwinTransformer(mixers=HYBRID, convert_weights=True, init_cfg=dict(
         type='Pretrained', checkpoint=str(tmp_path / 'swin.pth')), **SWIN_ARGS)
     swin.init_weights()
     assert torch.equal(swin.stages[0].blocks[0].attn.mixer.qkvg.weight[:3 * width], qkv)
@@ -259,7 +264,7 @@ def test_official_layouts_are_converted_before_the_carry_over(tmp_path):
                     'block1.0.attn.proj.weight': proj,
                     'block1.0.attn.sr.weight': torch.randn(width, width, 8, 8)}
     torch.save(official_pvt, tmp_path / 'pvt.pth')
-    pvt = det.NaLaPyramidVisionTransformerV2(mixers=HYBRID, init_cfg=dict(
+    pvt = NaLaPyramidVisionTransformerV2(mixers=HYBRID, init_cfg=dict(
         type='Pretrained', checkpoint=str(tmp_path / 'pvt.pth')), **MIT_ARGS)
     pvt.init_weights()
     mixer = pvt.layers[0][1][0].attn.mixer
@@ -269,24 +274,25 @@ def test_official_layouts_are_converted_before_the_carry_over(tmp_path):
 
 
 def test_bad_input_is_named(tmp_path):
-    with pytest.raises(ValueError, match=r'one entry per stage \(4\)'):
-        seg.NaLaSwinTransformer(mixers=('nala',) * 3, **SWIN_ARGS)
-    with pytest.raises(ValueError, match="unknown stage mixer 'window'"):
-        seg.NaLaSwinTransformer(mixers=('window',) * 4, **SWIN_ARGS)
+    with pytest.raises(ValueError, match=r'mixers needs 4 entries \(one per stage\)'):
+        SegNaLaSwinTransformer(mixers=('nala',) * 3, **SWIN_ARGS)
+    with pytest.raises(ValueError,
+                       match="unknown mixer 'window'; expected 'softmax' \\(the stock attention"):
+        SegNaLaSwinTransformer(mixers=('window',) * 4, **SWIN_ARGS)
     with pytest.raises(ValueError, match='remove embed_dims'):
-        seg.NaLaSwinTransformer(mixers=(dict(type='LinearAttention', num_heads=2),) * 4,
+        SegNaLaSwinTransformer(mixers=(dict(type='LinearAttention', num_heads=2),) * 4,
                                 **SWIN_ARGS)
     # a checkpoint of another width names the tensor and both shapes
     wider = SegSwinTransformer(**dict(SWIN_ARGS, embed_dims=64))
     path = save_stock(wider, str(tmp_path / 'wide.pth'))
-    model = seg.NaLaSwinTransformer(mixers=HYBRID, init_cfg=dict(type='Pretrained',
+    model = SegNaLaSwinTransformer(mixers=HYBRID, init_cfg=dict(type='Pretrained',
                                                                  checkpoint=path), **SWIN_ARGS)
     with pytest.raises(ValueError, match=r"stages.0.blocks.0.attn.w_msa.qkv.weight.*\(192, 64\)"
                                          r".*\(96, 32\)"):
         model.init_weights()
     # a checkpoint of something else loads nothing: an error, not a silent from-scratch start
     torch.save({'state_dict': {'head.fc.weight': torch.zeros(3, 3)}}, tmp_path / 'other.pth')
-    model = seg.NaLaSwinTransformer(mixers=HYBRID, init_cfg=dict(
+    model = SegNaLaSwinTransformer(mixers=HYBRID, init_cfg=dict(
         type='Pretrained', checkpoint=str(tmp_path / 'other.pth')), **SWIN_ARGS)
     with pytest.raises(ValueError, match='no tensor of .*other.pth matches'):
         model.init_weights()

@@ -6,9 +6,17 @@ import torch
 import torch.nn.functional as F
 
 from nala_mm.models import NormAwareLinearAttention, SoftmaxAttention
-from nala_mm.ops import (NaLaConfig, apply_rope, apply_rope_reference, nala_attention,
-                         nala_attention_matrix, nala_attention_reference, rope_phasor, rope_table)
-from benchmarks.released_op import nala_attention_released
+from nala_mm.ops import (
+    NaLaConfig,
+    apply_rope,
+    apply_rope_reference,
+    nala_attention,
+    nala_attention_matrix,
+    nala_attention_reference,
+    rope_phasor,
+    rope_table,
+)
+from nala_mm.released_op import nala_attention_released
 from tests.helpers import rel_err
 from tests.reference import formulas
 from tests.reference.released_nalaformer import RoPE, released_nala, rotate
@@ -88,13 +96,19 @@ def released_tables(height: int, width: int, head_dim: int):
     return RoPE(head_dim)(height, width)
 
 
-def test_fast_relu_kernel_matches_the_released_transcription():
-    """The package's fast op with its own RoPE table against tests/reference's released_nala
-    with the transcription's tables: outputs and gradients."""
+@pytest.mark.parametrize('use_rope', [True, False])
+def test_fast_relu_kernel_matches_the_released_transcription(use_rope):
+    """The package's fast op with its own RoPE table against the released op sequence
+    (nala_mm/released_op.py, through tests/reference's released_nala) with the transcription's
+    tables, or zero angles against no RoPE: outputs and gradients."""
     height, width, head_dim = 4, 6, 8
     q, k, v = qkv((1, 2, height * width, head_dim), seed=3)
-    expected = released_nala(q, k, v, *released_tables(height, width, head_dim))
-    actual = nala_attention(q, k, v, NaLaConfig(kernel='relu'), rope_table(height, width, head_dim))
+    sin, cos = released_tables(height, width, head_dim)
+    if not use_rope:
+        sin, cos = torch.zeros_like(sin), torch.ones_like(cos)
+    expected = released_nala(q, k, v, sin, cos)
+    rope = rope_table(height, width, head_dim) if use_rope else None
+    actual = nala_attention(q, k, v, NaLaConfig(kernel='relu'), rope)
     assert rel_err(actual, expected) <= 1e-5
     grad_out = torch.randn_like(expected)
     for name, a, e in zip('qkv', torch.autograd.grad(actual, (q, k, v), grad_out),
@@ -102,19 +116,24 @@ def test_fast_relu_kernel_matches_the_released_transcription():
         assert rel_err(a, e) <= 1e-5, name
 
 
-@pytest.mark.parametrize('use_rope', [True, False])
-def test_benchmarks_released_op_matches_the_released_transcription(use_rope):
-    """benchmarks/released_op.py (what the fast path is timed against) computes the released
-    function: fed the transcription's tables (one entry per pair), or none against the
-    transcription with zero angles."""
+def test_released_op_without_rope_is_zero_angles_and_a_zero_query_mixes_nothing():
+    """The transcription's own branches: ``rope=None`` computes what zero angles do, and a
+    zero query (guarded, where the released code divides 0 by 0) gives a zero output row, as
+    the fast path does."""
     height, width, head_dim = 4, 6, 8
-    q, k, v = qkv((1, 2, height * width, head_dim), seed=3)
-    sin, cos = released_tables(height, width, head_dim)
-    if not use_rope:
-        sin, cos = torch.zeros_like(sin), torch.ones_like(cos)
-    expected = released_nala(q, k, v, sin, cos)
-    rope = (cos[:, 0::2], sin[:, 0::2]) if use_rope else None
-    assert rel_err(nala_attention_released(q, k, v, rope=rope), expected) <= 1e-5
+    q, k, v = (t.detach() for t in qkv((1, 2, height * width, head_dim), seed=4))
+    q[0, 1, 5] = 0.0
+    half = head_dim // 2
+    zero_angles = (torch.ones(height * width, half), torch.zeros(height * width, half))
+    plain = nala_attention_released(q, k, v)
+    assert rel_err(plain, nala_attention_released(q, k, v, rope=zero_angles)) <= 1e-6
+    rope = released_tables(height, width, head_dim)
+    rotated = released_nala(q, k, v, *rope)
+    for out in (plain, rotated):
+        assert torch.isfinite(out).all()
+        assert out[0, 1, 5].abs().max() == 0
+    fast = nala_attention(q, k, v, NaLaConfig(kernel='relu'), rope_table(height, width, head_dim))
+    assert rel_err(fast, rotated) <= 1e-5
 
 
 def test_fast_rope_matches_plain_rotation_and_inverts():
@@ -270,8 +289,8 @@ def test_bad_arguments_name_the_value(kwargs, match):
 
 
 def test_layers_build_from_registries():
-    from mmengine.registry import MODELS as ENGINE_MODELS
     from mmdet.registry import MODELS as DET_MODELS
+    from mmengine.registry import MODELS as ENGINE_MODELS
     from mmseg.registry import MODELS as SEG_MODELS
     for registry in (ENGINE_MODELS, SEG_MODELS, DET_MODELS):
         layer = registry.build(dict(type='NormAwareLinearAttention', embed_dims=16, num_heads=1,

@@ -6,8 +6,13 @@ import pathlib
 import pytest
 import torch
 
-from nala_mm.ops import (NaLaConfig, build_plain_feature_map, kernelized_attention,
-                         nala_attention, rope_table)
+from nala_mm.ops import (
+    NaLaConfig,
+    build_plain_feature_map,
+    kernelized_attention,
+    nala_attention,
+    rope_table,
+)
 from tests.helpers import value_and_grads
 from tests.reference import formulas
 
@@ -92,6 +97,8 @@ def test_rope_table_meets_the_released_frequencies(head_dim):
 
 
 def test_the_references_import_nothing_from_the_package():
+    """Nothing but the released op sequence, nala_mm/released_op.py, which imports only torch
+    (tests/test_layout.py)."""
     reference = pathlib.Path(__file__).resolve().parents[1] / 'reference'
     imported = {}
     for path in reference.glob('*.py'):
@@ -102,5 +109,6 @@ def test_the_references_import_nothing_from_the_package():
                 imported[path.name] = imported.get(path.name, []) + [node.module or '.']
     assert 'formulas.py' in imported
     offenders = {name: mods for name, mods in imported.items()
-                 if any(m.split('.')[0] in ('nala_mm', 'tests', '.') for m in mods)}
+                 if any(m.split('.')[0] in ('nala_mm', 'tests', '.') and m != 'nala_mm.released_op'
+                        for m in mods)}
     assert offenders == {}

@@ -1,18 +1,20 @@
 """An independent transcription of the released NaLaFormer (spec §1-3), for parity tests.
 
-It imports nothing from ``nala_mm``: its own 2D RoPE (the released frequencies
-``1 / 10000 ** linspace(0, 1, d/4)``, stored per pair as ``RoPE.angle``, applied as
-``x cos + rotate_every_two(x) sin`` with sin/cos tables d wide), its own NaLa math in the released
-op order (k cubed, ReLU split, the query direction raised to ``3 (0.5 + tanh ||q||)``, the four
-features rotated separately, k and v scaled by ``N^-1/2``), its own softmax attention, the
-authors' module names and the classification tail. A checkpoint written from this model has
-exactly the released layout, ``RoPE.angle`` buffers included.
+Its own 2D RoPE (the released frequencies ``1 / 10000 ** linspace(0, 1, d/4)``, stored per pair
+as ``RoPE.angle``, sin/cos tables d wide with each angle repeated for its pair), its own softmax
+attention, the authors' module names and the classification tail; its NaLa is the released op
+sequence of :mod:`nala_mm.released_op` (k cubed, ReLU split, the query direction raised to
+``3 (0.5 + tanh ||q||)``, the two feature halves rotated separately, k and v scaled by
+``N^-1/2``), which imports nothing from the rest of ``nala_mm``. A checkpoint written from this
+model has exactly the released layout, ``RoPE.angle`` buffers included.
 """
 from typing import List, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from nala_mm.released_op import nala_attention_released
 
 
 def released_frequencies(head_dim: int) -> Tensor:
@@ -44,21 +46,9 @@ def rotate(x: Tensor, sin: Tensor, cos: Tensor) -> Tensor:
 
 
 def released_nala(q: Tensor, k: Tensor, v: Tensor, sin: Tensor, cos: Tensor) -> Tensor:
-    """(B, heads, N, d) in float32, the released op sequence (no zero-query guard)."""
-    n_tokens = q.shape[-2]
-    k = k ** 3
-    q_norm = q.norm(p=2, dim=-1, keepdim=True)
-    power = 3 * (0.5 + torch.tanh(q_norm))
-    q_pos = (torch.relu(q) / q_norm) ** power
-    q_neg = (torch.relu(-q) / q_norm) ** power
-    k_pos, k_neg = torch.relu(k), torch.relu(-k)
-    q_turned = torch.cat([rotate(q_pos, sin, cos), rotate(q_neg, sin, cos)], dim=-1)
-    k_turned = torch.cat([rotate(k_pos, sin, cos), rotate(k_neg, sin, cos)], dim=-1)
-    q_feat, k_feat = torch.cat([q_pos, q_neg], dim=-1), torch.cat([k_pos, k_neg], dim=-1)
-    z = 1 / (q_feat @ k_feat.mean(dim=-2, keepdim=True).transpose(-2, -1) + 1e-6)
-    scale = n_tokens ** -0.5
-    kv = (k_turned.transpose(-2, -1) * scale) @ (v * scale)
-    return q_turned @ kv * z
+    """(B, heads, N, d) in float32, the released op sequence, with this model's d-wide tables
+    (each angle twice, once per channel of its pair: one column per pair is the op's table)."""
+    return nala_attention_released(q, k, v, rope=(cos[..., 0::2], sin[..., 0::2]))
 
 
 def released_softmax(q: Tensor, k: Tensor, v: Tensor, sin: Tensor, cos: Tensor) -> Tensor:

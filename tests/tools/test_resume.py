@@ -10,8 +10,15 @@ import subprocess
 import pytest
 import torch
 
-from tests.helpers import (PYTHON, REPO, free_port, logged_scalars, run_tool, tool_env,
-                           write_seg_config)
+from tests.helpers import (
+    PYTHON,
+    REPO,
+    free_port,
+    logged_scalars,
+    run_tool,
+    tool_env,
+    write_seg_config,
+)
 
 pytestmark = pytest.mark.integration
 

@@ -62,7 +62,7 @@ default_hooks = dict(checkpoint=dict(interval=1), logger=dict(interval=1))
 
 
 def _mixer_state(path) -> dict:
-    state = torch.load(path, map_location='cpu', weights_only=False)['state_dict']
+    state = torch.load(path, map_location='cpu')['state_dict']
     return {k: v for k, v in state.items() if '.mixer.' in k}
 
 

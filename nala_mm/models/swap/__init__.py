@@ -1,13 +1,29 @@
-"""NaLa inside mmseg's and mmdet's own backbones: Swin, SegFormer's MiT and PVTv2 with a token
-mixer per stage from a config, their ImageNet weights carried over (docs/swap.md).
+"""NaLa inside mmseg's and mmdet's own backbones, a token mixer per stage (per layer in a ViT)
+from a config, their stock weights carried over (docs/swap.md).
 
-``seg`` registers ``NaLaSwinTransformer`` and ``NaLaMixVisionTransformer`` in mmseg's registry,
-``det`` ``NaLaSwinTransformer`` and ``NaLaPyramidVisionTransformerV2`` in mmdet's.
+One file per family of stock backbones; importing it registers its backbones:
+
+* :mod:`.swin`: ``NaLaSwinTransformer`` (mmseg and mmdet);
+* :mod:`.spatial_reduction`: ``NaLaMixVisionTransformer`` (mmseg),
+  ``NaLaPyramidVisionTransformerV2`` (mmdet);
+* :mod:`.vit`: ``NaLaVisionTransformer`` (mmseg), a mixer per layer.
+
+What they share (the mixin, the carry-over of q/k/v and the projection) is :mod:`.base`.
 """
-from . import det, seg
-from .carry_over import (SPATIAL_REDUCTION_ATTENTION, SWIN_WINDOW_ATTENTION, AttentionLayout,
-                         CarryOverReport, carry_over)
-from .common import resolve_stage_mixers
+from . import spatial_reduction, swin, vit
+from .base import AttentionLayout, CarryOverReport, SwappedAttentionMixin, carry_over
+from .spatial_reduction import (
+                                SPATIAL_REDUCTION_ATTENTION,
+                                NaLaMixVisionTransformer,
+                                NaLaPyramidVisionTransformerV2,
+)
+from .swin import SWIN_WINDOW_ATTENTION, DetNaLaSwinTransformer, SegNaLaSwinTransformer
+from .vit import NaLaVisionTransformer
 
-__all__ = ['seg', 'det', 'carry_over', 'CarryOverReport', 'AttentionLayout',
-           'SWIN_WINDOW_ATTENTION', 'SPATIAL_REDUCTION_ATTENTION', 'resolve_stage_mixers']
+__all__ = [
+    'spatial_reduction', 'swin', 'vit', 'AttentionLayout', 'CarryOverReport',
+    'SwappedAttentionMixin',
+    'carry_over', 'SPATIAL_REDUCTION_ATTENTION', 'SWIN_WINDOW_ATTENTION',
+    'SegNaLaSwinTransformer', 'DetNaLaSwinTransformer', 'NaLaMixVisionTransformer',
+    'NaLaPyramidVisionTransformerV2', 'NaLaVisionTransformer',
+]

@@ -9,8 +9,7 @@ positive part only, an ablation).
 from dataclasses import dataclass
 from typing import Tuple
 
-from .feature_maps import (QUERY_NORMS, SIGN_SPLITS, CubedKey, NormAwareQuery,
-                           build_sign_split)
+from .feature_maps import QUERY_NORMS, SIGN_SPLITS, CubedKey, NormAwareQuery, build_sign_split
 
 KERNELS = tuple(SIGN_SPLITS)
 
@@ -49,7 +48,8 @@ class NaLaConfig:
             if not value > 0:
                 raise ValueError(f'NaLa {name} must be > 0, got {name}={value}')
         if self.tau < 0:
-            raise ValueError(f'NaLa tau must be >= 0 (the power must stay positive), got tau={self.tau}')
+            raise ValueError(f'NaLa tau must be >= 0 (the power must stay positive), got '
+                             f'tau={self.tau}')
         if not self.eps > 0:
             raise ValueError(f'NaLa eps must be > 0, got eps={self.eps}')
         if self.query_norm not in QUERY_NORMS:

@@ -239,6 +239,16 @@ class NormAwareQuery(FeatureMap):
             return torch.tanh(rho / self.norm_scale(dims)).add(self.tau).mul(self.lam)
         return torch.full_like(rho, self.fixed_power)
 
+    def norm_at_power(self, power: float, dims: int) -> float:
+        """The query norm whose exponent is ``power`` (the inverse of :meth:`power`; 0 for a
+        power at or below the floor ``lam tau``, ``inf`` at or above the ceiling)."""
+        level = power / self.lam - self.tau  # tanh(rho / s)
+        if level <= 0.0:
+            return 0.0
+        if level >= 1.0:
+            return math.inf
+        return math.atanh(level) * self.norm_scale(dims)
+
     def forward(self, q):
         rho, direction = _unit(q)
         return self.split.split(direction.abs() ** self.power(rho, q.shape[-1]), direction,

@@ -58,20 +58,30 @@ def rope_table(height: int, width: int, head_dim: int, base: float = 10000.0,
     return angles.cos(), angles.sin()
 
 
+def _with_prefix(table: Tuple[Tensor, Tensor], prefix: int) -> Tuple[Tensor, Tensor]:
+    """``prefix`` identity rows (cos 1, sin 0) ahead of the table: tokens RoPE leaves alone."""
+    if not prefix:
+        return table
+    cos, sin = table
+    return (torch.cat([cos.new_ones(prefix, cos.shape[1]), cos]),
+            torch.cat([sin.new_zeros(prefix, sin.shape[1]), sin]))
+
+
 @lru_cache(maxsize=32)
 def _cached_rope_table(height: int, width: int, head_dim: int, base: float,
-                       device: torch.device) -> Tuple[Tensor, Tensor]:
-    return rope_table(height, width, head_dim, base, device=device)
+                       device: torch.device, prefix: int) -> Tuple[Tensor, Tensor]:
+    return _with_prefix(rope_table(height, width, head_dim, base, device=device), prefix)
 
 
 def rope_table_for(height: int, width: int, head_dim: int, base: float, device: torch.device,
-                   mode: str = 'fast') -> Tuple[Tensor, Tensor]:
-    """:func:`rope_table` of one feature-map size; the fast mode caches it by size, the
+                   mode: str = 'fast', prefix: int = 0) -> Tuple[Tensor, Tensor]:
+    """:func:`rope_table` of one feature-map size, after ``prefix`` identity rows for tokens
+    without a grid position (a ViT's class token). The fast mode caches it by size, the
     reference mode (and exporting, whose sizes are symbolic and cannot key a cache) builds it in
     the graph so that an exported model accepts any input size."""
     if resolve_mode(mode) == 'reference':
-        return rope_table(height, width, head_dim, base, device=device)
-    return _cached_rope_table(height, width, head_dim, base, device)
+        return _with_prefix(rope_table(height, width, head_dim, base, device=device), prefix)
+    return _cached_rope_table(height, width, head_dim, base, device, prefix)
 
 
 def apply_rope_reference(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:

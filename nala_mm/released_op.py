@@ -1,10 +1,11 @@
-"""NaLa in the released code's op sequence (``kernel='relu'``), for the benchmarks and the parity
-tests.
+"""NaLa in the released code's op sequence (``kernel='relu'``): the one transcription that the
+benchmarks time the fast path against and the parity tests hold it to.
 
-It keeps the released structure on purpose (separate ReLU copies, per-token power, a concat per
-feature, k and v scaled by N^-1/2, four RoPE calls), which is what the fast path is measured
-against. Self-contained: its own pair rotation and zero-norm guard, nothing from ``nala_mm``.
-Unlike the released code it maps a zero query to zero features instead of 0/0.
+It keeps the released structure on purpose (separate ReLU copies, a per-token power, a concat
+per feature, k and v scaled by N^-1/2, RoPE applied to each feature half on its own). It imports
+nothing from the rest of ``nala_mm`` (its own pair rotation and zero-norm guard), so a check
+against it does not check the package against itself. Unlike the released code it maps a zero
+query to zero features instead of 0/0.
 """
 from typing import Optional, Tuple
 
@@ -26,7 +27,8 @@ def rotate_pairs(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 def nala_attention_released(q: Tensor, k: Tensor, v: Tensor, lam: float = 3.0, tau: float = 0.5,
                             eps: float = 1e-6,
                             rope: Optional[Tuple[Tensor, Tensor]] = None) -> Tensor:
-    """``(B, heads, N, d)`` q, k, v; ``rope`` a ``(cos, sin)`` pair of ``(N, d/2)`` tables."""
+    """``(B, heads, N, d)`` q, k, v; ``rope`` a ``(cos, sin)`` pair of ``(N, d/2)`` tables, one
+    angle per channel pair."""
     n_tokens = k.shape[-2]
     q_norm = q.norm(dim=-1, keepdim=True)
     q_dir = q / q_norm.clamp_min(ZERO_NORM_GUARD)

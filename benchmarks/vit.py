@@ -1,0 +1,363 @@
+"""Where attention is quadratic: mmseg's ViT-S and ViT-B (12 layers, patch 16, the class token)
+stock, with PyTorch's fused softmax attention, and with NaLa in every layer, inference at 512 to
+4096 square (1,025 to 65,537 tokens) and the training step at 512 and 1024; and NaLa's SETR
+(ViT-L, 19 Cityscapes classes) at 4096.
+
+Models per width:
+
+* ``stock``: mmseg's ``VisionTransformer``; mmcv's ``MultiheadAttention`` asks torch for the
+  attention weights, so every layer materialises the N x N logits and their softmax;
+* ``sdpa``: the same model and weights, its attention called without returning the weights, so
+  torch runs the fused ``scaled_dot_product_attention`` (nothing N x N is stored; still
+  quadratic in time): the strongest softmax baseline, not the stock model;
+* ``nala``: ``NaLaVisionTransformer`` with NaLa in all 12 layers (configs/swap/).
+
+Each case's peak memory is taken in a fresh process of its own; the models of one width are
+then timed in turns in one process (time ratios: medians of per-round ratios). Before a case
+runs its memory and time are predicted from the smaller sizes (a power law in the tokens fitted
+to the last two measured sizes, its exponent held to [1, 2], and for ``stock`` never below the
+N x N tensors it keeps); a case predicted past this machine's memory or past ``--cap`` seconds
+is skipped and its prediction recorded instead, so the out-of-memory killer is never reached
+(each child also runs under an address-space limit). Results: benchmarks/results/vit.{json,md,
+png}; the Cityscapes whole-image vs sliding-window inference is benchmarks/vit_cityscapes.py.
+
+    python benchmarks/vit.py                                   # everything (make vit-bench)
+    python benchmarks/vit.py --widths s --sizes 512 1024 --train-sizes --out /tmp/vit
+    python benchmarks/vit.py --report-only
+"""
+import argparse
+import math
+import os
+import os.path as osp
+import resource
+from typing import List, Optional
+
+import numpy as np
+import torch
+from torch import nn
+
+from nala_mm.analysis.measure import (
+    Step,
+    add_case_argument,
+    available_mib,
+    device_name,
+    in_turns,
+    median_ms,
+    peak_memory_mib,
+    print_case_result,
+    run_case,
+)
+
+from paths import RESULTS
+from report import (
+    add_report_only_argument,
+    fmt,
+    log_log_axes,
+    markdown_table,
+    pyplot,
+    read_json,
+    save_figure,
+    write_json,
+    write_markdown,
+)
+from sweep import MODE_TITLES, backbone_step
+
+WIDTHS = {'s': dict(embed_dims=384, num_heads=6), 'b': dict(embed_dims=768, num_heads=12)}
+ENGINES = {'stock': 'stock (explicit attention weights)',
+           'sdpa': 'stock with fused SDPA (memory-light, quadratic)',
+           'nala': 'NaLa in all layers'}
+LAYERS, PATCH, IMG_SIZE = 12, 16, 512
+GIB = 2 ** 30
+# memory left for the rest of the machine, and what a process holds beyond its peak step
+SAFETY_MIB, PROCESS_MIB = 2048, 3072
+PAPER_REDUCTION = 92.3  # % less peak memory than softmax attention at 70K+ tokens (the paper)
+
+
+def model_name(width: str, engine: str) -> str:
+    return f'vit_{width}_{engine}'
+
+
+def tokens(side: int) -> int:
+    return (math.ceil(side / PATCH)) ** 2 + 1  # the patches and the class token
+
+
+class FusedSoftmaxAttention(nn.Module):
+    """torch's ``nn.MultiheadAttention`` called without returning its weights: torch then runs
+    ``scaled_dot_product_attention``, the same function of the same weights."""
+
+    def __init__(self, attention: nn.MultiheadAttention):
+        super().__init__()
+        self.attention = attention
+
+    def forward(self, *args, **kwargs):
+        return self.attention(*args, **dict(kwargs, need_weights=False))
+
+
+def build(width: str, engine: str) -> nn.Module:
+    from mmseg.models.backbones import VisionTransformer
+
+    import nala_mm  # noqa: F401  (registers the swapped backbones)
+    from nala_mm.models.swap import NaLaVisionTransformer
+    kwargs = dict(img_size=IMG_SIZE, patch_size=PATCH, num_layers=LAYERS, mlp_ratio=4,
+                  out_indices=(2, 5, 8, 11), with_cls_token=True, drop_path_rate=0.1,
+                  norm_cfg=dict(type='LN', eps=1e-6), interpolate_mode='bicubic',
+                  **WIDTHS[width])
+    if engine == 'nala':
+        model = NaLaVisionTransformer(mixers=('nala',) * LAYERS, **kwargs)
+    else:
+        model = VisionTransformer(**kwargs)
+        if engine == 'sdpa':
+            for layer in model.layers:
+                layer.attn.attn = FusedSoftmaxAttention(layer.attn.attn)
+    model.init_weights()
+    return model
+
+
+def make_step(name: str, side: int, mode: str, device: str) -> Step:
+    _, width, engine = name.split('_')
+    model = build(width, engine).to(device)
+    return backbone_step(model, torch.randn(1, 3, side, side, device=device), mode)
+
+
+# ------------------------------------------------------------------------------ prediction
+def quadratic_floor_mib(name: str, side: int, mode: str) -> float:
+    """What the stock model's attention keeps N x N (float32): without gradients the logits,
+    their softmax and the head-averaged weights torch returns, of one layer at a time; for the
+    backward every layer's softmax as well."""
+    _, width, engine = name.split('_')
+    if engine != 'stock':
+        return 0.0
+    heads, square = WIDTHS[width]['num_heads'], tokens(side) ** 2 * 4
+    alive = 2 * heads + 1 if mode == 'fwd' else LAYERS * heads + heads + 1
+    return alive * square / 2 ** 20
+
+
+def extrapolate(points: List[tuple], side: int) -> Optional[float]:
+    """A power law in the tokens through the last two (side, value) points, exponent in
+    [1, 2]; one point: linear."""
+    points = [(s, v) for s, v in points if v]
+    if not points:
+        return None
+    (s1, v1), (s2, v2) = (points[-1], points[-1]) if len(points) == 1 else points[-2:]
+    slope = 1.0 if s1 == s2 else math.log(v2 / v1) / math.log(tokens(s2) / tokens(s1))
+    slope = min(max(slope, 1.0), 2.0)
+    return v2 * (tokens(side) / tokens(s2)) ** slope
+
+
+def predict(rows: List[dict], name: str, mode: str, side: int) -> dict:
+    mine = sorted((r['side'], r) for r in rows if r['model'] == name and r['mode'] == mode
+                  and r['side'] < side)
+    memory = extrapolate([(s, r.get('mib')) for s, r in mine], side)
+    floor = quadratic_floor_mib(name, side, mode)
+    time = extrapolate([(s, r.get('ms')) for s, r in mine], side)
+    return dict(mib=None if memory is None and not floor else max(memory or 0.0, floor),
+                ms=time)
+
+
+# ------------------------------------------------------------------------------ child
+def child(case: dict) -> dict:
+    """One case: a model's peak memory, or several models timed in turns."""
+    if case['device'] == 'cpu':  # an allocation past the limit fails; the OOM killer never runs
+        limit = int(case['limit_mib'] * 2 ** 20)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    torch.manual_seed(0)
+    steps = {name: make_step(name, case['side'], case['mode'], case['device'])
+             for name in case['models']}
+    if case['what'] == 'memory':
+        step, = steps.values()
+        for _ in range(case['warmup']):
+            step()
+        return dict(peak_mib=peak_memory_mib(step, case['device']))
+    if case['repeats'] == 1 and case['warmup'] == 0:  # a case too long for rounds: one call
+        return {name: dict(median_ms=median_ms(step, 1, case['device'], warmup=0),
+                           single_call=True) for name, step in steps.items()}
+    return in_turns(steps, case['models'][0], case['repeats'], case['warmup'], case['device'])
+
+
+# ------------------------------------------------------------------------------ parent
+def sweep(args) -> List[dict]:
+    from tqdm import tqdm
+    budget = available_mib(args.device) - SAFETY_MIB
+    rows: List[dict] = []
+    plan = [(mode, side, width) for mode, sides in (('fwd', args.sizes), ('train',
+                                                                          args.train_sizes))
+            for side in sides for width in args.widths]
+    for mode, side, width in (progress := tqdm(plan, desc='vit')):
+        progress.set_postfix_str(f'ViT-{width.upper()} {mode} {side}x{side}')
+        mine = []
+        for engine in ENGINES:
+            name = model_name(width, engine)
+            row = dict(model=name, width=width, engine=engine, mode=mode, side=side,
+                       tokens=tokens(side), pixels=side * side, batch=1)
+            guess = predict(rows, name, mode, side)
+            row['predicted_mib'], row['predicted_ms'] = guess['mib'], guess['ms']
+            calls = args.warmup + args.repeats
+            if guess['mib'] is not None and guess['mib'] > budget:
+                row['skipped'] = (f'predicted {guess["mib"] / 1024:.1f} GiB of peak memory, '
+                                  f'over the {budget / 1024:.1f} GiB this machine has free')
+            elif guess['ms'] is not None and guess['ms'] / 1e3 > args.cap:
+                row['skipped'] = (f'predicted {guess["ms"] / 6e4:.1f} min a call, over the '
+                                  f'{args.cap / 60:.0f}-minute cap per case')
+            else:
+                row['calls'] = 1 if guess['ms'] and guess['ms'] * calls / 1e3 > args.cap \
+                    else calls
+                memory = run_case(args.script, dict(
+                    models=[name], side=side, mode=mode, device=args.device, what='memory',
+                    warmup=1 if row['calls'] > 1 else 0, limit_mib=budget + PROCESS_MIB),
+                    memory=True, timeout=4 * args.cap)
+                row['mib'] = memory.get('peak_mib')
+                if 'error' in memory:
+                    row['error'] = memory['error']
+            progress.write(f'{name} {mode} {side}: ' + (row.get('skipped') or row.get('error')
+                                                       or f'{row["mib"]:.0f} MiB'))
+            mine.append(row)
+        timed = [r for r in mine if 'mib' in r and 'error' not in r]
+        single = any(r['calls'] == 1 for r in timed)
+        timing = run_case(args.script, dict(
+            models=[r['model'] for r in timed], side=side, mode=mode, device=args.device,
+            what='turns', repeats=1 if single else args.repeats,
+            warmup=0 if single else args.warmup,
+            limit_mib=budget + PROCESS_MIB), timeout=4 * args.cap * max(len(timed), 1)) \
+            if timed else {}
+        for row in timed:
+            result = timing.get(row['model'], {})
+            row.update(ms=result.get('median_ms'), ms_best=result.get('best_ms'),
+                       times_ms=result.get('times_ms', [result['median_ms']] if result else None))
+            if 'error' in timing:
+                row['error'] = timing['error']
+        rows += mine
+        write_outputs(dict(rows=rows, **header(args)), args.out)  # an interrupted run keeps it
+    return rows
+
+
+def header(args) -> dict:
+    return dict(device=device_name(args.device), torch=torch.__version__, repeats=args.repeats,
+                warmup=args.warmup, cap_s=args.cap, layers=LAYERS, patch=PATCH,
+                img_size=IMG_SIZE, engines=ENGINES, paper_reduction_percent=PAPER_REDUCTION)
+
+
+def ratio(rows: List[dict], row: dict, engine: str, key: str) -> Optional[float]:
+    """``row``'s value over the same width, mode and size's ``engine``: times as the median of
+    per-round ratios (same rounds), memory as a plain ratio."""
+    other = next((r for r in rows if r['width'] == row['width'] and r['mode'] == row['mode']
+                  and r['side'] == row['side'] and r['engine'] == engine), None)
+    if other is None or row is other:
+        return None
+    if key == 'ms':
+        mine, theirs = row.get('times_ms'), other.get('times_ms')
+        if not mine or not theirs or len(mine) != len(theirs):
+            return None
+        return float(np.median([a / b for a, b in zip(mine, theirs)]))
+    return row['mib'] / other['mib'] if row.get('mib') and other.get('mib') else None
+
+
+def summarise(saved: dict) -> dict:
+    rows = saved['rows']
+    for row in rows:
+        for engine in ('stock', 'sdpa'):
+            row[f'ms_vs_{engine}'] = ratio(rows, row, engine, 'ms')
+            row[f'mib_vs_{engine}'] = ratio(rows, row, engine, 'mib')
+    # the peak-memory reduction against stock at the largest size both ran, per width
+    reductions = {}
+    for width in sorted({r['width'] for r in rows}):
+        both = [r for r in rows if r['width'] == width and r['engine'] == 'nala'
+                and r['mode'] == 'fwd' and r.get('mib_vs_stock')]
+        if both:
+            largest = max(both, key=lambda r: r['side'])
+            reductions[width] = dict(side=largest['side'], tokens=largest['tokens'],
+                                     percent_less=100 * (1 - largest['mib_vs_stock']))
+    saved['memory_reduction_vs_stock'] = reductions
+    return saved
+
+
+def label(row: dict) -> str:
+    return f"ViT-{row['width'].upper()}, {ENGINES[row['engine']]}"
+
+
+def write_outputs(saved: dict, out: str) -> None:
+    saved = summarise(saved)
+    os.makedirs(out, exist_ok=True)
+    stem = osp.join(out, 'vit' if 'CPU' in saved['device'] else 'vit_cuda')
+    write_json(stem + '.json', saved)
+    lines = [f"# ViT backbones: stock, fused SDPA and NaLa ({saved['device']})", '',
+             f"torch {saved['torch']}; mmseg's VisionTransformer, {saved['layers']} layers, patch "
+             f"{saved['patch']}, the class token; batch 1. Time: the models of one width, mode "
+             f"and size in turns in one process ({saved['repeats']} rounds after "
+             f"{saved['warmup']} warm-up; one call where that would pass the "
+             f"{saved['cap_s'] / 60:.0f}-minute cap), ratios the median of per-round ratios. "
+             'Memory: the peak of one step above the baseline, each model in its own process. '
+             'Skipped: predicted past the free memory or the cap (the prediction is shown).', '']
+    for mode in ('fwd', 'train'):
+        mine = [r for r in saved['rows'] if r['mode'] == mode]
+        if not mine:
+            continue
+        lines += [f'## {MODE_TITLES[mode]}', '']
+        lines += markdown_table(
+            ['model', 'side', 'tokens', 'median ms', 'peak MiB', 'time / stock',
+             'memory / stock', 'time / SDPA', 'memory / SDPA', 'note'],
+            [[label(r), r['side'], r['tokens'], fmt(r.get('ms')), fmt(r.get('mib')),
+              fmt(r.get('ms_vs_stock'), 3), fmt(r.get('mib_vs_stock'), 3),
+              fmt(r.get('ms_vs_sdpa'), 3), fmt(r.get('mib_vs_sdpa'), 3),
+              r.get('skipped') or r.get('error') or ('one call' if r.get('calls') == 1 else '')]
+             for r in mine])
+        lines.append('')
+    reductions = saved['memory_reduction_vs_stock']
+    if reductions:
+        lines += ['## Peak memory against the stock ViT', '']
+        lines += [f"- ViT-{w.upper()}: {r['percent_less']:.1f} % less at {r['side']}² "
+                  f"({r['tokens']} tokens), the largest size where both ran (the paper: "
+                  f"{saved['paper_reduction_percent']} % at 70K+ tokens)"
+                  for w, r in reductions.items()]
+    write_markdown(stem + '.md', lines)
+    plot(saved, stem + '.png')
+
+
+def plot(saved: dict, path: str) -> None:
+    plt = pyplot()
+    rows = [r for r in saved['rows'] if r['mode'] == 'fwd']
+    fig, (ax_time, ax_mem) = plt.subplots(1, 2, figsize=(12, 4.6))
+    for width in sorted({r['width'] for r in rows}):
+        for engine, style in zip(ENGINES, ('o-', 's--', '^-')):
+            mine = [r for r in rows if r['width'] == width and r['engine'] == engine]
+            for ax, key in ((ax_time, 'ms'), (ax_mem, 'mib')):
+                measured = [(r['tokens'], r[key]) for r in mine if r.get(key)]
+                if measured:
+                    line, = ax.plot(*zip(*measured), style, label=label(mine[0]))
+                    guessed = [(r['tokens'], r[f'predicted_{key}']) for r in mine
+                               if r.get('skipped') and r.get(f'predicted_{key}')]
+                    if guessed:  # skipped cases: their predictions, hollow
+                        ax.plot(*zip(*guessed), style[0], mfc='none', color=line.get_color())
+    log_log_axes(ax_time, 'inference: time (ms); hollow: predicted, skipped', 'tokens')
+    log_log_axes(ax_mem, 'inference: peak memory (MiB); hollow: predicted, skipped', 'tokens')
+    ax_time.legend(fontsize=7)
+    save_figure(fig, path)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_case_argument(parser)
+    add_report_only_argument(parser, 'vit')
+    parser.add_argument('--widths', nargs='+', choices=list(WIDTHS), default=list(WIDTHS))
+    parser.add_argument('--sizes', nargs='*', type=int, default=[512, 1024, 2048, 4096])
+    parser.add_argument('--train-sizes', nargs='*', type=int, default=[512, 1024])
+    parser.add_argument('--repeats', type=int, default=2, help='timed rounds in turns')
+    parser.add_argument('--warmup', type=int, default=1, help='untimed rounds before timing')
+    parser.add_argument('--cap', type=int, default=600, help='seconds a case may take')
+    parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
+    parser.add_argument('--out', default=RESULTS)
+    args = parser.parse_args()
+    if args.case is not None:
+        print_case_result(child(args.case))
+        return
+    if args.report_only:
+        stem = 'vit' if args.device == 'cpu' else 'vit_cuda'
+        write_outputs(read_json(osp.join(args.out, stem + '.json')), args.out)
+        return
+    args.script = osp.abspath(__file__)
+    sweep(args)
+    print(open(osp.join(args.out, 'vit.md' if args.device == 'cpu' else 'vit_cuda.md')).read())
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,176 @@
+"""Whole-image against sliding-window inference at Cityscapes' size (1024 x 2048) for SETR-Naive
+ViT-L: NaLa in all 24 layers (configs/swap/cityscapes_setr_vit-l_naive_nala-all.py) both ways,
+against the stock SETR both ways (the stock config slides 768 x 768 windows at stride 512, eight
+windows of 2,305 tokens; the whole image is 8,193 tokens), and NaLa's SETR on a 4096 x 4096
+image (65,537 tokens) with the 19 classes.
+
+Each case runs in a fresh process: the segmentor built from its config with random weights (no
+download), one batch-1 image, ``EncoderDecoder.inference`` in eval mode without gradients (what
+``test.py`` runs, up to the logits at full resolution). One warm-up call, then one call timed and
+its peak memory above the baseline taken; a case predicted past the free memory is skipped and
+its prediction recorded. Results: benchmarks/results/vit_cityscapes.{json,md}; docs/vit.md.
+
+    python benchmarks/vit_cityscapes.py                  # make vit-bench runs it after vit.py
+    python benchmarks/vit_cityscapes.py --cases nala_whole nala_slide --out /tmp/x
+"""
+import argparse
+import os
+import os.path as osp
+import resource
+import time
+from typing import Dict
+
+import torch
+
+from nala_mm.analysis.measure import (
+    add_case_argument,
+    available_mib,
+    device_name,
+    peak_memory_mib,
+    print_case_result,
+    run_case,
+)
+
+from paths import REPO, RESULTS
+from report import (
+    add_report_only_argument,
+    fmt,
+    markdown_table,
+    read_json,
+    write_json,
+    write_markdown,
+)
+
+NALA = osp.join(REPO, 'configs', 'swap', 'cityscapes_setr_vit-l_naive_nala-all.py')
+STOCK = 'mmseg::setr/setr_vit-l_naive_8xb1-80k_cityscapes-768x768.py'
+SLIDE = dict(mode='slide', crop_size=(768, 768), stride=(512, 512))
+CASES: Dict[str, dict] = {
+    'nala_whole': dict(label='NaLa SETR, whole image', config=NALA, test_cfg=dict(mode='whole'),
+                       size=(1024, 2048)),
+    'nala_slide': dict(label='NaLa SETR, 768² windows at stride 512', config=NALA,
+                       test_cfg=SLIDE, size=(1024, 2048)),
+    'stock_slide': dict(label='stock SETR, 768² windows at stride 512 (its config)',
+                        config=STOCK, test_cfg=SLIDE, size=(1024, 2048)),
+    'stock_whole': dict(label='stock SETR, whole image', config=STOCK,
+                        test_cfg=dict(mode='whole'), size=(1024, 2048)),
+    'nala_whole_4096': dict(label='NaLa SETR, whole 4096² image', config=NALA,
+                            test_cfg=dict(mode='whole'), size=(4096, 4096)),
+}
+SAFETY_MIB = 2048
+
+
+def child(case: dict) -> dict:
+    limit = int(case['limit_mib'] * 2 ** 20)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))  # fail, never reach the OOM killer
+    from nala_mm import compat
+    from nala_mm.config_loading import build_model_from_config
+    compat.install()
+    spec = CASES[case['name']]
+    options = {'model.pretrained': None, 'model.backbone.init_cfg': None,
+               'model.test_cfg': spec['test_cfg']}
+    torch.manual_seed(0)
+    model, _ = build_model_from_config(spec['config'], options)
+    height, width = spec['size']
+    image = torch.randn(1, 3, height, width)
+    metas = [dict(ori_shape=(height, width), img_shape=(height, width),
+                  pad_shape=(height, width), padding_size=[0, 0, 0, 0])]
+    logits = []
+
+    def step() -> None:
+        with torch.no_grad():
+            logits[:] = [model.inference(image, metas).shape]
+    for _ in range(case['warmup']):
+        step()
+    start = time.perf_counter()
+    peak = peak_memory_mib(step, 'cpu')
+    return dict(ms=(time.perf_counter() - start) * 1e3, mib=peak, logits=list(logits[0]))
+
+
+def windows(size, crop=(768, 768), stride=(512, 512)) -> int:
+    """How many windows mmseg's slide inference runs over an image of ``size``."""
+    rows = max(size[0] - crop[0] + stride[0] - 1, 0) // stride[0] + 1
+    cols = max(size[1] - crop[1] + stride[1] - 1, 0) // stride[1] + 1
+    return rows * cols
+
+
+def predicted_mib(name: str) -> float:
+    """The stock model keeps, of one layer at a time, 16 heads' logits and softmax and the
+    head-averaged weights, N x N float32 each (the rest is far smaller)."""
+    spec = CASES[name]
+    if not name.startswith('stock'):
+        return 0.0
+    crop = spec['size'] if spec['test_cfg']['mode'] == 'whole' else (768, 768)
+    tokens = (crop[0] // 16) * (crop[1] // 16) + 1
+    return (2 * 16 + 1) * tokens ** 2 * 4 / 2 ** 20
+
+
+def write_outputs(saved: dict, out: str) -> None:
+    os.makedirs(out, exist_ok=True)
+    rows = saved['rows']
+    by = {r['case']: r for r in rows}
+    reference = by.get('stock_slide', {})
+    for row in rows:
+        row['ms_vs_stock_slide'] = row['ms'] / reference['ms'] \
+            if row.get('ms') and reference.get('ms') else None
+        row['mib_vs_stock_slide'] = row['mib'] / reference['mib'] \
+            if row.get('mib') and reference.get('mib') else None
+    stem = osp.join(out, 'vit_cityscapes')
+    write_json(stem + '.json', saved)
+    lines = [f"# SETR-Naive ViT-L: whole-image vs sliding-window inference ({saved['device']})",
+             '', f"torch {saved['torch']}; one image, batch 1, random weights, "
+             "`EncoderDecoder.inference` without gradients (logits at full resolution, 19 "
+             "classes); each case in its own process, one warm-up call, then one call timed and "
+             'its peak memory above the baseline taken.', '']
+    lines += markdown_table(
+        ['case', 'image', 'windows', 'tokens a pass', 'ms', 'peak MiB', 'time / stock slide',
+         'memory / stock slide', 'note'],
+        [[CASES[r['case']]['label'], 'x'.join(map(str, CASES[r['case']]['size'])),
+          r['windows'], r['tokens_per_pass'], fmt(r.get('ms')), fmt(r.get('mib')),
+          fmt(r.get('ms_vs_stock_slide'), 3), fmt(r.get('mib_vs_stock_slide'), 3),
+          r.get('skipped') or r.get('error') or ''] for r in rows])
+    write_markdown(stem + '.md', lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_case_argument(parser)
+    add_report_only_argument(parser, 'vit_cityscapes')
+    parser.add_argument('--cases', nargs='+', choices=list(CASES), default=list(CASES))
+    parser.add_argument('--out', default=RESULTS)
+    args = parser.parse_args()
+    if args.case is not None:
+        print_case_result(child(args.case))
+        return
+    if args.report_only:
+        write_outputs(read_json(osp.join(args.out, 'vit_cityscapes.json')), args.out)
+        return
+    from tqdm import tqdm
+
+    budget = available_mib('cpu') - SAFETY_MIB
+    saved = dict(device=device_name('cpu'), torch=torch.__version__, rows=[])
+    for name in (progress := tqdm(args.cases, desc='SETR')):
+        progress.set_postfix_str(name)
+        spec = CASES[name]
+        slide = spec['test_cfg']['mode'] == 'slide'
+        crop = (768, 768) if slide else spec['size']
+        row = dict(case=name, windows=windows(spec['size']) if slide else 1,
+                   tokens_per_pass=(crop[0] // 16) * (crop[1] // 16) + 1,
+                   predicted_mib=predicted_mib(name) or None)
+        if predicted_mib(name) > budget:
+            row['skipped'] = (f'predicted {predicted_mib(name) / 1024:.1f} GiB of peak memory, '
+                              f'over the {budget / 1024:.1f} GiB free')
+        else:
+            # the 4096² pass alone takes minutes here: no warm-up call for it
+            result = run_case(osp.abspath(__file__), dict(
+                name=name, warmup=0 if spec['size'][0] > 2048 else 1,
+                limit_mib=budget + 3072), memory=True, timeout=3600)
+            row.update(result)
+        progress.write(f'{name}: {row}')
+        saved['rows'].append(row)
+        write_outputs(saved, args.out)
+    print(open(osp.join(args.out, 'vit_cityscapes.md')).read())
+
+
+if __name__ == '__main__':
+    main()

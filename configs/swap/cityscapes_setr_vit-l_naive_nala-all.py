@@ -1,0 +1,11 @@
+# mmseg's SETR-Naive ViT-L on Cityscapes (80k, 768x768 crops) with NaLa in all 24 layers (why
+# all: docs/vit.md). Only the backbone type, `mixers` and the test mode change: the stock recipe
+# trains without weight decay, and nothing of the mixer is named 'head' (lr x10 stays on the
+# heads). Inference runs on the whole 1024x2048 image instead of 768x768 windows at stride 512:
+# with linear attention one pass over the 8,192 patches costs less than eight overlapping
+# windows of 2,304 (benchmarks/results/vit_cityscapes.json, docs/vit.md).
+_base_ = ['mmseg::setr/setr_vit-l_naive_8xb1-80k_cityscapes-768x768.py']
+custom_imports = dict(imports=['nala_mm', 'nala_mm.compat'], allow_failed_imports=False)
+
+model = dict(backbone=dict(type='NaLaVisionTransformer', mixers=('nala',) * 24),
+             test_cfg=dict(_delete_=True, mode='whole'))

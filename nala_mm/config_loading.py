@@ -1,0 +1,77 @@
+"""Reading a config as the upstream tools do, adapted to the machine, and building its model."""
+import importlib
+import os.path as osp
+from typing import Optional, Tuple
+
+import torch
+from mmengine.config import Config
+from mmengine.logging import print_log
+from mmengine.model import revert_sync_batchnorm
+from mmengine.registry import init_default_scope
+from mmengine.utils import get_installed_path
+from torch import nn
+
+
+def _replace_sync_bn(node) -> int:
+    """SyncBN -> BN in every nested ``norm_cfg``; returns how many were changed."""
+    changed = 0
+    if isinstance(node, dict):
+        if node.get('type') == 'SyncBN':
+            node['type'] = 'BN'
+            changed += 1
+        for value in node.values():
+            changed += _replace_sync_bn(value)
+    elif isinstance(node, (list, tuple)):
+        for value in node:
+            changed += _replace_sync_bn(value)
+    return changed
+
+
+def load_config(path: str, launcher: str = 'none', cfg_options: Optional[dict] = None,
+                work_dir: Optional[str] = None) -> Config:
+    """Read a config the way the upstream tools do, then adapt it to a machine without CUDA.
+
+    Without CUDA, torch's SyncBatchNorm cannot run and NCCL does not exist, so multi-process
+    runs use BN per process, the gloo backend and DDP without device ids (mmengine already
+    reverts SyncBN to BN for a single process).
+    """
+    cfg = Config.fromfile(path)
+    cfg.launcher = launcher
+    if cfg_options:
+        cfg.merge_from_dict(cfg_options)
+    if work_dir is not None:
+        cfg.work_dir = work_dir
+    elif cfg.get('work_dir') is None:
+        cfg.work_dir = osp.join('./work_dirs', osp.splitext(osp.basename(path))[0])
+    if not torch.cuda.is_available():
+        if cfg.get('env_cfg', {}).get('dist_cfg', {}).get('backend') == 'nccl':
+            cfg.env_cfg.dist_cfg.backend = 'gloo'
+        if launcher != 'none':
+            if _replace_sync_bn(cfg.model):
+                print_log('no CUDA: SyncBN layers run as per-process BN', logger='current')
+            # DDP of a CPU module takes no device ids (mmengine passes the local rank)
+            cfg.setdefault('model_wrapper_cfg',
+                           dict(type='MMDistributedDataParallel', device_ids=None))
+    return cfg
+
+
+def resolve_config_path(path: str) -> str:
+    """``'mmseg::swin/x.py'`` -> the file inside the installed package; other paths unchanged."""
+    if '::' not in path:
+        return path
+    package, relative = path.split('::', 1)
+    return osp.join(get_installed_path(package), '.mim', 'configs', relative)
+
+
+def build_model_from_config(path: str, cfg_options: Optional[dict] = None) -> Tuple[nn.Module, str]:
+    """Build a config's model with its scope's registry, SyncBN reverted to BN, in eval mode.
+
+    Returns the model and the config's default scope (``'mmseg'`` or ``'mmdet'``). Weights are
+    not initialised from any checkpoint (nothing is downloaded).
+    """
+    cfg = load_config(resolve_config_path(path), cfg_options=cfg_options)
+    scope = cfg.get('default_scope', 'mmseg')
+    init_default_scope(scope)
+    registry = importlib.import_module(f'{scope}.registry').MODELS
+    # SyncBN needs a process group; a single-process measurement runs it as BN.
+    return revert_sync_batchnorm(registry.build(cfg.model)).eval(), scope

@@ -1,0 +1,116 @@
+"""How a config names token mixers: the shorthands, the validation, ``build_mixer`` and the
+named presets that the comparisons train.
+
+A ``mixers`` entry is a shorthand (:data:`SHORTHANDS`) or a registered mixer's config without
+its sizes, such as ``dict(type='NormAwareLinearAttention', kernel='relu')``; the stage or layer
+that builds it supplies ``embed_dims`` and ``num_heads``. ``'softmax'`` has two meanings, kept
+apart by :func:`mixer_config`'s ``keep_stock``:
+
+* in :class:`~nala_mm.models.NaLaFormer` it is the global :class:`SoftmaxAttention` of the
+  released 'v' stages;
+* in a stock backbone with NaLa swapped in (:mod:`nala_mm.models.swap`) it keeps the stock
+  attention module untouched (Swin's windows, MiT's spatial reduction, ViT's
+  ``MultiheadAttention``), which is what makes an all-``'softmax'`` swap its parent exactly.
+"""
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Union
+
+from mmengine.registry import MODELS
+
+from .mixers import GatedAttention
+
+MixerEntry = Union[str, dict]
+
+# What each shorthand stands for: the registered mixer with its own defaults ('nala' is the
+# paper's NaLa, cosine-inhibit kernel). Other mixers or settings are written as config dicts.
+SHORTHANDS: Dict[str, dict] = {
+    'nala': dict(type='NormAwareLinearAttention'),
+    'linear': dict(type='LinearAttention'),
+    'softmax': dict(type='SoftmaxAttention'),
+}
+# In a swapped stock backbone: the entry that keeps the stock attention module.
+KEEP_STOCK = 'softmax'
+# The released hybrid: NaLa in the two high-resolution stages, softmax attention in the others.
+DEFAULT_HYBRID = ('nala', 'nala', 'softmax', 'softmax')
+
+
+@dataclass(frozen=True)
+class MixerPreset:
+    """A named mixer of the comparisons: a label for tables and the config every stage gets."""
+    label: str
+    mixer: dict
+
+
+# The mixers the comparisons train (benchmarks/ablation.py on the demo data, benchmarks/
+# longrange.py; configs/ablation/* hold the same configs, checked by a test).
+PRESETS: Dict[str, MixerPreset] = {
+    'nala-cosine': MixerPreset("NaLa, paper's cosine kernel",
+                               dict(type='NormAwareLinearAttention', kernel='cosine')),
+    'nala-relu': MixerPreset('NaLa, released ReLU kernel',
+                             dict(type='NormAwareLinearAttention', kernel='relu')),
+    'nala-fixed-power': MixerPreset(
+        'NaLa without norm awareness (cosine kernel, p = 3)',
+        dict(type='NormAwareLinearAttention', kernel='cosine', norm_aware=False)),
+    'nala-positive': MixerPreset('NaLa, positive-only kernel',
+                                 dict(type='NormAwareLinearAttention', kernel='positive')),
+    'linear-relu': MixerPreset('plain linear attention (ReLU)',
+                               dict(type='LinearAttention', feature_map='relu')),
+    'linear-elu': MixerPreset('plain linear attention (1 + ELU)',
+                              dict(type='LinearAttention', feature_map='elu')),
+    'softmax': MixerPreset('softmax attention', dict(type='SoftmaxAttention')),
+    'identity': MixerPreset('control: no token mixing', dict(type='IdentityAttention')),
+    # an exponent that stays responsive where tanh ||q|| saturates (docs/longrange.md)
+    'nala-rms': MixerPreset('NaLa, exponent reads ‖q‖/√d (cosine kernel)',
+                            dict(type='NormAwareLinearAttention', kernel='cosine',
+                                 query_norm='rms')),
+}
+
+
+def mixer_config(entry: MixerEntry, keep_stock: bool = False) -> Optional[dict]:
+    """One ``mixers`` entry -> the mixer's registry config without its sizes.
+
+    With ``keep_stock`` (a swapped stock backbone) :data:`KEEP_STOCK` gives ``None``: keep the
+    stock attention module.
+    """
+    if keep_stock and entry == KEEP_STOCK:
+        return None
+    if isinstance(entry, str):
+        if entry not in SHORTHANDS:
+            stock = f'{KEEP_STOCK!r} (the stock attention), ' if keep_stock else ''
+            raise ValueError(f'unknown mixer {entry!r}; expected {stock}one of '
+                             f'{tuple(SHORTHANDS)} or a registered mixer\'s config such as '
+                             f"dict(type='NormAwareLinearAttention', kernel='relu')")
+        return dict(SHORTHANDS[entry])
+    if isinstance(entry, dict) and 'type' in entry:
+        if {'embed_dims', 'num_heads'} & set(entry):
+            raise ValueError(f'a mixer config takes its sizes from the stage or layer; remove '
+                             f'embed_dims/num_heads from {entry}')
+        return dict(entry)
+    raise TypeError(f"a mixers entry must be one of {tuple(SHORTHANDS)} or a dict with a "
+                    f"'type' naming a registered mixer, got {entry!r}")
+
+
+def resolve_mixers(mixers: Sequence[MixerEntry], count: int, unit: str = 'stage',
+                   keep_stock: bool = False) -> List[Optional[dict]]:
+    """``mixers`` -> one config (``None``: keep the stock module) per stage or layer.
+
+    ``unit`` names what the entries are for in the error messages (``'stage'``, ``'layer'``).
+    """
+    if isinstance(mixers, (str, dict)):  # one entry where a sequence is needed
+        raise TypeError(f'mixers takes one entry per {unit} ({count}), got the single entry '
+                        f'{mixers!r}')
+    entries = list(mixers)
+    if len(entries) != count:
+        raise ValueError(f'mixers needs {count} entries (one per {unit}), got {len(entries)}: '
+                         f'{tuple(entries)}')
+    return [mixer_config(entry, keep_stock) for entry in entries]
+
+
+def build_mixer(cfg: dict, embed_dims: int, num_heads: int) -> GatedAttention:
+    """The mixer ``cfg`` (from :func:`mixer_config`) at the given sizes."""
+    mixer = MODELS.build(dict(cfg, embed_dims=embed_dims, num_heads=num_heads))
+    if not isinstance(mixer, GatedAttention):
+        raise TypeError(f'mixer {cfg["type"]!r} built a {type(mixer).__name__}; a token mixer '
+                        f'must subclass nala_mm.models.GatedAttention (the shared qkvg/LePE/'
+                        f'gate wrapper)')
+    return mixer

@@ -1,0 +1,265 @@
+"""What every swapped stock backbone shares: per-unit ``mixers``, the swap itself, and the
+carry-over of a stock checkpoint's attention weights into the mixers.
+
+A family file (:mod:`.swin`, :mod:`.spatial_reduction`, :mod:`.vit`) subclasses
+:class:`SwappedAttentionMixin` with where its blocks are, what replaces one block's attention
+and how its upstream checkpoints are laid out, and registers ``<Family mixin>, <stock parent>``
+subclasses. The carry-over is a pure function over state dicts (:func:`carry_over`): the upstream
+attention's fused q, k, v projection goes into the first ``3C`` rows of the mixer's ``qkvg``
+(the same q | k | v row order), its output projection into ``out_proj``; what has no counterpart
+in a global mixer is dropped; the mixer's own parts (the gate rows ``qkvg[3C:]``, LePE, its
+LayerNorm ``ln``) stay as the mixer initialised them. Every tensor is accounted for in a
+:class:`CarryOverReport`.
+"""
+from dataclasses import dataclass, field
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+from mmengine.logging import MMLogger
+from mmengine.runner.checkpoint import CheckpointLoader, load_state_dict
+from torch import Tensor, nn
+
+from ..mixer_specs import DEFAULT_HYBRID, MixerEntry, resolve_mixers
+from ..state_dicts import backbone_state_dict
+
+# the module name under which an adapter holds its mixer (``<attention>.mixer.qkvg.weight``)
+MIXER_ATTR = 'mixer'
+
+
+@dataclass(frozen=True)
+class AttentionLayout:
+    """Names, relative to the upstream attention module, of the tensors that carry over."""
+    name: str
+    qkv_weight: str
+    qkv_bias: str
+    proj_weight: str
+    proj_bias: str
+
+
+@dataclass
+class CarryOverReport:
+    """What happened to each swapped attention module, keyed by its name in the backbone."""
+    carried: Dict[str, List[Tuple[str, str]]] = field(default_factory=dict)  # (source, target)
+    dropped: Dict[str, List[str]] = field(default_factory=dict)             # source keys
+    new: Dict[str, List[str]] = field(default_factory=dict)                 # target keys / rows
+    already_swapped: List[str] = field(default_factory=list)  # the checkpoint had the mixer
+
+    def lines(self, unit_of: Mapping[str, int], unit: str = 'stage') -> List[str]:
+        """One line per stage or layer (``unit_of``: attention module name -> its index),
+        naming the tensors relative to each block's attention module (a unit's blocks agree)."""
+        units: Dict[int, List[str]] = {}
+        for name in unit_of:
+            units.setdefault(unit_of[name], []).append(name)
+        out = []
+        for index, names in sorted(units.items()):
+            def relative(entries, names=names):
+                seen = {}
+                for name in names:
+                    for entry in entries(name):
+                        seen[entry.replace(f'{name}.', '')] = None
+                return list(seen)
+            carried = relative(lambda n: [f'{s} -> {t}' for s, t in self.carried.get(n, [])])
+            dropped = relative(lambda n: self.dropped.get(n, []))
+            new = relative(lambda n: self.new.get(n, []))
+            kept = [n for n in names if n in self.already_swapped]
+            out.append(f'{unit} {index + 1}, {len(names)} block{"s" if len(names) > 1 else ""}, '
+                       f'per block: carried {carried}; dropped {dropped}; new {new}'
+                       + (f'; loaded as saved (a swapped checkpoint): {kept}' if kept else ''))
+        return out
+
+
+def carry_over(state_dict: Mapping[str, Tensor], model_state: Mapping[str, Tensor],
+               swapped: Mapping[str, AttentionLayout]
+               ) -> Tuple[Dict[str, Tensor], CarryOverReport]:
+    """Map an upstream backbone state dict onto a backbone whose attention modules ``swapped``
+    (name -> the upstream layout they replace) now hold a token mixer.
+
+    Args:
+        state_dict: the upstream backbone's tensors, keys relative to the backbone.
+        model_state: the swapped backbone's current ``state_dict()``; the mixer's gate rows and
+            new parts are taken from it.
+        swapped: attention module name (``'stages.0.blocks.1.attn'``) -> upstream layout.
+
+    Returns:
+        A new state dict (other keys untouched) and the report. A checkpoint that already holds
+        a block's mixer (one saved from a swapped model) passes through as saved.
+
+    Raises:
+        ValueError: an upstream q/k/v or projection whose shape does not fit the mixer.
+    """
+    state = dict(state_dict)
+    report = CarryOverReport()
+    for name, layout in swapped.items():
+        source, target = f'{name}.', f'{name}.{MIXER_ATTR}.'
+        under_source = sorted(k for k in state if k.startswith(source)
+                              and not k.startswith(target))
+        if f'{target}qkvg.weight' in state:
+            report.already_swapped.append(name)
+        carried, new = [], []
+        qkvg_w = model_state[f'{target}qkvg.weight'].clone()
+        qkvg_b = model_state[f'{target}qkvg.bias'].clone()
+        width = qkvg_w.shape[1]
+        if source + layout.qkv_weight in state:
+            weight = state.pop(source + layout.qkv_weight)
+            _check_shape(source + layout.qkv_weight, weight, (3 * width, width))
+            qkvg_w[:3 * width] = weight
+            carried.append((source + layout.qkv_weight, f'{target}qkvg.weight[:{3 * width}]'))
+            if source + layout.qkv_bias in state:
+                bias = state.pop(source + layout.qkv_bias)
+                _check_shape(source + layout.qkv_bias, bias, (3 * width,))
+                qkvg_b[:3 * width] = bias
+                carried.append((source + layout.qkv_bias, f'{target}qkvg.bias[:{3 * width}]'))
+            else:  # the upstream projection has no bias: the same function has zero bias rows
+                qkvg_b[:3 * width] = 0
+                carried.append(('(no q/k/v bias upstream: zeros)',
+                                f'{target}qkvg.bias[:{3 * width}]'))
+            state[f'{target}qkvg.weight'] = qkvg_w
+            state[f'{target}qkvg.bias'] = qkvg_b
+            new += [f'{target}qkvg.weight[{3 * width}:]', f'{target}qkvg.bias[{3 * width}:]']
+        for src, dst in ((layout.proj_weight, 'out_proj.weight'),
+                         (layout.proj_bias, 'out_proj.bias')):
+            if source + src in state:
+                value = state.pop(source + src)
+                _check_shape(source + src, value, tuple(model_state[target + dst].shape))
+                state[target + dst] = value
+                carried.append((source + src, target + dst))
+        if carried:
+            mixer_keys = [k for k in model_state if k.startswith(target)]
+            filled = {t.split('[')[0] for _, t in carried}
+            new += sorted(k for k in mixer_keys if k not in filled and k not in state)
+        report.carried[name] = carried
+        report.dropped[name] = [k for k in under_source if k in state]
+        for key in report.dropped[name]:
+            del state[key]
+        report.new[name] = new
+    return state, report
+
+
+def _check_shape(key: str, value: Tensor, expected: Tuple[int, ...]) -> None:
+    if tuple(value.shape) != tuple(expected):
+        raise ValueError(f'checkpoint tensor {key!r} has shape {tuple(value.shape)}; the mixer '
+                         f'that replaces its attention expects {tuple(expected)} (are the '
+                         f'embed_dims / num_heads of the config those of the checkpoint?)')
+
+
+def tokens_to_grid(tokens: Tensor, hw_shape: Sequence[int]) -> Tensor:
+    """``(B, H*W, C)`` tokens -> the ``(B, H, W, C)`` grid a mixer takes."""
+    batch, length, channels = tokens.shape
+    height, width = hw_shape
+    if length != height * width:
+        raise ValueError(f'{length} tokens do not form the {height}x{width} grid (hw_shape) '
+                         f'they were given with')
+    return tokens.reshape(batch, height, width, channels)
+
+
+class SwappedAttentionMixin:
+    """Mixed in before a stock backbone class; a family defines the hooks below.
+
+    Takes ``mixers`` (one entry per stage, or per layer in a ViT; ``'softmax'`` keeps the stock
+    module, see :mod:`nala_mm.models.mixer_specs`) and passes every other argument to the stock
+    parent.
+    """
+    # the upstream attention a swapped block replaces (what :func:`carry_over` maps)
+    attention_layout: AttentionLayout
+    # what one ``mixers`` entry is for, in messages and the carry-over log
+    mixer_unit = 'stage'
+
+    def __init__(self, mixers: Sequence[MixerEntry] = DEFAULT_HYBRID, **kwargs):
+        super().__init__(**kwargs)
+        self._swap_units(mixers)
+
+    # ------------------------------------------------------------------ family hooks
+    def _num_units(self) -> int:
+        """How many ``mixers`` entries the backbone takes."""
+        raise NotImplementedError
+
+    def _unit_blocks(self, unit: int) -> Sequence[nn.Module]:
+        """The blocks of stage or layer ``unit``, each with its attention module in ``.attn``."""
+        raise NotImplementedError
+
+    def _global_attention(self, stock: nn.Module, mixer_cfg: dict) -> nn.Module:
+        """The module that takes ``stock``'s place and runs the mixer ``mixer_cfg``."""
+        raise NotImplementedError
+
+    def _upstream_state(self, checkpoint: Mapping) -> Dict[str, Tensor]:
+        """A loaded upstream checkpoint -> backbone-relative tensors in this class's layout
+        (the parent's converter applied where it has one)."""
+        return backbone_state_dict(checkpoint)
+
+    def _adapt_state(self, state: Dict[str, Tensor]) -> Dict[str, Tensor]:
+        """What the parent's ``init_weights`` does to the tensors it keeps (default: nothing)."""
+        return state
+
+    def _after_swap(self) -> None:
+        """Re-apply what the parent did in ``__init__`` to modules the swap replaced."""
+
+    # ------------------------------------------------------------------ shared
+    def _swap_units(self, mixers: Sequence[MixerEntry]) -> None:
+        """Put the mixers in place, once the stock parent has built its blocks."""
+        cfgs = resolve_mixers(mixers, self._num_units(), self.mixer_unit, keep_stock=True)
+        self.mixers = tuple(mixers)
+        unit_of: Dict[int, int] = {}  # id of a swapped attention module -> its unit
+        for unit, cfg in enumerate(cfgs):
+            if cfg is None:
+                continue
+            for block in self._unit_blocks(unit):
+                block.attn = self._global_attention(block.attn, cfg)
+                unit_of[id(block.attn)] = unit
+        # names as the state dict spells them ('stages.0.blocks.1.attn') -> unit
+        self._swapped_names: Dict[str, int] = {
+            name: unit_of[id(module)] for name, module in self.named_modules()
+            if id(module) in unit_of}
+        self._after_swap()
+
+    def stage_of(self, module_name: str) -> Optional[int]:
+        """The stage (a layer, in a ViT) that holds the submodule ``module_name``, or ``None``
+        (the attention statistics ask it)."""
+        module = self.get_submodule(module_name)
+        for unit in range(self._num_units()):
+            if any(module is inner for block in self._unit_blocks(unit)
+                   for inner in block.modules()):
+                return unit
+        return None
+
+    def _pretrained_checkpoint(self) -> Optional[str]:
+        cfg = self.init_cfg
+        if isinstance(cfg, dict) and cfg.get('type') == 'Pretrained':
+            return cfg['checkpoint']
+        return None
+
+    def _stock_parent(self) -> type:
+        return next(cls for cls in type(self).__mro__[1:]
+                    if not issubclass(cls, SwappedAttentionMixin))
+
+    def init_weights(self) -> None:
+        """As the parent, except that a checkpoint's attention weights are carried into the
+        swapped mixers (:func:`carry_over`) and the outcome is logged per stage or layer."""
+        path = self._pretrained_checkpoint()
+        if path is None or not self._swapped_names:
+            super().init_weights()
+            return
+        logger = MMLogger.get_current_instance()
+        checkpoint = CheckpointLoader.load_checkpoint(path, map_location='cpu', logger=logger)
+        state, report = self.carry_over_checkpoint(checkpoint, path)
+        load_state_dict(self, state, strict=False, logger=logger)
+        self.carry_over_report: CarryOverReport = report
+        model_keys = self.state_dict().keys()
+        matched = sum(key in state for key in model_keys)
+        logger.info(f'{type(self).__name__}: {matched} of {len(model_keys)} tensors from '
+                    f'{path}; attention carried into the swapped {self.mixer_unit}s:\n  '
+                    + '\n  '.join(report.lines(self._swapped_names, self.mixer_unit)))
+
+    def carry_over_checkpoint(self, checkpoint: Mapping, source: str = 'the checkpoint'
+                              ) -> Tuple[Dict[str, Tensor], CarryOverReport]:
+        """A stock (or swapped) checkpoint's contents -> the state dict to load into this
+        backbone, and the carry-over report. Raises when nothing in it fits the backbone."""
+        state = self._upstream_state(checkpoint)
+        model_state = self.state_dict()
+        state, report = carry_over(
+            state, model_state, {name: self.attention_layout for name in self._swapped_names})
+        state = self._adapt_state(state)
+        if not any(key in model_state for key in state):
+            stock = self._stock_parent()
+            raise ValueError(f'{type(self).__name__}: no tensor of {source} matches a parameter '
+                             f'of the backbone (first keys: {sorted(state)[:5]}); expected a '
+                             f'checkpoint of {stock.__module__}.{stock.__name__}')
+        return state, report

@@ -1,0 +1,92 @@
+"""The spatial-reduction family: NaLa inside SegFormer's MiT (mmseg) and PVTv2 (mmdet), one mixer
+per stage.
+
+Both hold a stage's blocks in ``layers[i][1]`` and attend through mmcv's ``MultiheadAttention``
+whose keys and values first pass a strided ``sr`` conv and its ``norm``. A swapped block attends
+at full resolution instead (:class:`FullResolutionAttention`; ``sr`` and ``norm`` are dropped
+from a checkpoint). Registered: ``NaLaMixVisionTransformer`` in mmseg's registry and
+``NaLaPyramidVisionTransformerV2`` in mmdet's (mmseg configs reach it as
+``mmdet.NaLaPyramidVisionTransformerV2``).
+"""
+from typing import Optional, Sequence
+
+from mmdet.models.backbones import PyramidVisionTransformerV2
+from mmdet.models.backbones.pvt import pvt_convert
+from mmseg.models.backbones import MixVisionTransformer
+from torch import Tensor, nn
+
+from ...registry import register_model
+from ..mixer_specs import build_mixer
+from ..mixers import GatedAttention
+from ..state_dicts import backbone_state_dict, state_dict_of
+from .base import MIXER_ATTR, AttentionLayout, SwappedAttentionMixin, tokens_to_grid
+
+# mmseg's EfficientMultiheadAttention and mmdet's SpatialReductionAttention: mmcv's
+# MultiheadAttention around torch's nn.MultiheadAttention (``attn``), q | k | v in ``in_proj``
+SPATIAL_REDUCTION_ATTENTION = AttentionLayout('spatial-reduction MultiheadAttention',
+                                              'attn.in_proj_weight', 'attn.in_proj_bias',
+                                              'attn.out_proj.weight', 'attn.out_proj.bias')
+
+
+class FullResolutionAttention(nn.Module):
+    """MiT's ``EfficientMultiheadAttention`` / PVTv2's ``SpatialReductionAttention`` slot,
+    ``forward(x, hw_shape, identity=None) -> identity + dropout_layer(proj_drop(mixed))``: keys
+    and values at full resolution instead of through the spatial-reduction conv. The residual
+    is added here, as the upstream module adds it."""
+
+    def __init__(self, mixer: GatedAttention, proj_drop: nn.Module, dropout_layer: nn.Module):
+        super().__init__()
+        setattr(self, MIXER_ATTR, mixer)  # checkpoints name it so
+        self.proj_drop = proj_drop
+        self.dropout_layer = dropout_layer
+
+    def forward(self, x: Tensor, hw_shape: Sequence[int],
+                identity: Optional[Tensor] = None) -> Tensor:
+        mixed = self.mixer(tokens_to_grid(x, hw_shape)).flatten(1, 2)
+        return (x if identity is None else identity) + self.dropout_layer(self.proj_drop(mixed))
+
+
+class SpatialReductionStages(SwappedAttentionMixin):
+    """MiT and PVTv2: blocks in ``layers[i][1]``; a swapped block's spatial-reduction attention
+    becomes a global mixer at full resolution, with the same dropouts and residual contract."""
+    attention_layout = SPATIAL_REDUCTION_ATTENTION
+
+    def _num_units(self):
+        return len(self.layers)
+
+    def _unit_blocks(self, unit):
+        return self.layers[unit][1]
+
+    def _global_attention(self, stock, mixer_cfg):
+        return FullResolutionAttention(build_mixer(mixer_cfg, stock.embed_dims, stock.num_heads),
+                                       proj_drop=stock.proj_drop,
+                                       dropout_layer=stock.dropout_layer)
+
+
+@register_model(scope='mmseg')
+class NaLaMixVisionTransformer(SpatialReductionStages, MixVisionTransformer):
+    """mmseg's ``MixVisionTransformer`` (SegFormer's MiT) with a token mixer per stage.
+
+    Args:
+        mixers: ``'softmax'`` keeps MiT's spatial-reduction attention; ``'nala'``, ``'linear'``
+            or a mixer config attend at full resolution instead (no ``sr`` conv).
+        **kwargs: every argument of mmseg's ``MixVisionTransformer``.
+    """
+
+
+@register_model(scope='mmdet')
+class NaLaPyramidVisionTransformerV2(SpatialReductionStages, PyramidVisionTransformerV2):
+    """mmdet's ``PyramidVisionTransformerV2`` with a token mixer per stage.
+
+    Args:
+        mixers: ``'softmax'`` keeps PVTv2's spatial-reduction attention; ``'nala'``,
+            ``'linear'`` or a mixer config attend at full resolution instead (no ``sr`` conv).
+        **kwargs: every argument of mmdet's ``PyramidVisionTransformerV2``; with
+            ``convert_weights=True`` (its default) a checkpoint in the official PVT layout is
+            converted by mmdet's ``pvt_convert`` before the carry-over.
+    """
+
+    def _upstream_state(self, checkpoint):
+        if not self.convert_weights:
+            return backbone_state_dict(checkpoint)
+        return backbone_state_dict(dict(state_dict=pvt_convert(state_dict_of(checkpoint))))

@@ -1,0 +1,111 @@
+"""The Swin family: NaLa inside mmseg's and mmdet's ``SwinTransformer``, one mixer per stage.
+
+Everything Swin-specific is here: where a stage's blocks are (``stages[i].blocks``), the module
+that takes a ``ShiftWindowMSA``'s place (:class:`WindowFreeAttention`: no window partition,
+shift or window padding), the upstream attention layout that carries over, the softmax stages'
+relative-position tables resized to the model's window, and mmdet's ``convert_weights`` for the
+official Swin layout. Registered: ``NaLaSwinTransformer`` in mmseg's registry and in mmdet's (one
+subclass of each package's parent).
+"""
+from typing import Dict, Mapping, Sequence
+
+import torch
+from mmdet.models.backbones import SwinTransformer as MMDetSwinTransformer
+from mmdet.models.backbones.swin import swin_converter
+from mmseg.models.backbones import SwinTransformer as MMSegSwinTransformer
+from torch import Tensor, nn
+
+from ...registry import register_model
+from ..mixer_specs import build_mixer
+from ..mixers import GatedAttention
+from ..state_dicts import backbone_state_dict, state_dict_of
+from .base import MIXER_ATTR, AttentionLayout, SwappedAttentionMixin, tokens_to_grid
+
+# mmseg's / mmdet's ShiftWindowMSA (``attn``) -> WindowMSA (``w_msa``) with ``qkv`` and ``proj``
+SWIN_WINDOW_ATTENTION = AttentionLayout('ShiftWindowMSA', 'w_msa.qkv.weight', 'w_msa.qkv.bias',
+                                        'w_msa.proj.weight', 'w_msa.proj.bias')
+
+
+class WindowFreeAttention(nn.Module):
+    """Swin's ``ShiftWindowMSA`` slot, ``forward(query, hw_shape) -> branch``: the mixer attends
+    over the whole stage, with no window partition, shift or window padding. As upstream, the
+    output projection's dropout (``proj_drop``) and the block's DropPath (``drop``) follow, and
+    the block adds the residual."""
+
+    def __init__(self, mixer: GatedAttention, proj_drop: nn.Module, drop: nn.Module):
+        super().__init__()
+        setattr(self, MIXER_ATTR, mixer)  # checkpoints name it so
+        self.proj_drop = proj_drop
+        self.drop = drop
+
+    def forward(self, query: Tensor, hw_shape: Sequence[int]) -> Tensor:
+        mixed = self.mixer(tokens_to_grid(query, hw_shape))
+        return self.drop(self.proj_drop(mixed.flatten(1, 2)))
+
+
+def resize_relative_position_tables(state: Dict[str, Tensor],
+                                    model_state: Mapping[str, Tensor]) -> Dict[str, Tensor]:
+    """Swin's softmax stages: bicubic-resize a pretrained relative-position table to the
+    model's window, as the stock Swin's ``init_weights`` does (its number of heads must agree).
+    """
+    for key in [k for k in state if k.endswith('relative_position_bias_table')]:
+        if key not in model_state:
+            continue
+        table, current = state[key], model_state[key]
+        if table.shape[1] != current.shape[1]:
+            raise ValueError(f'{key}: checkpoint has {table.shape[1]} heads, the model '
+                             f'{current.shape[1]}')
+        if table.shape[0] != current.shape[0]:
+            side, new_side = round(table.shape[0] ** 0.5), round(current.shape[0] ** 0.5)
+            grid = table.permute(1, 0).reshape(1, table.shape[1], side, side)
+            grid = torch.nn.functional.interpolate(grid, size=(new_side, new_side),
+                                                   mode='bicubic')
+            state[key] = grid.reshape(current.shape[1], -1).permute(1, 0).contiguous()
+    return state
+
+
+class SwinStages(SwappedAttentionMixin):
+    """Swin (mmseg's or mmdet's): blocks in ``stages[i].blocks``; a swapped block's
+    ``ShiftWindowMSA`` becomes a window-free global mixer."""
+    attention_layout = SWIN_WINDOW_ATTENTION
+
+    def _num_units(self):
+        return len(self.stages)
+
+    def _unit_blocks(self, unit):
+        return self.stages[unit].blocks
+
+    def _global_attention(self, stock, mixer_cfg):
+        window_msa = stock.w_msa
+        mixer = build_mixer(mixer_cfg, window_msa.embed_dims, window_msa.num_heads)
+        return WindowFreeAttention(mixer, proj_drop=window_msa.proj_drop, drop=stock.drop)
+
+    def _adapt_state(self, state):
+        return resize_relative_position_tables(state, self.state_dict())
+
+
+_MIXERS_DOC = """
+    Args:
+        mixers: one entry per stage: ``'softmax'`` keeps Swin's shifted-window attention
+            untouched; ``'nala'``, ``'linear'`` or a registered mixer's config put that mixer,
+            attending over the whole stage, in every block of the stage. Default: NaLa in the
+            two high-resolution stages, as released.
+        **kwargs: every argument of the parent. A ``Pretrained`` ``init_cfg`` of a stock Swin
+            checkpoint carries q/k/v and the projection into the mixers (:mod:`.base`)."""
+
+
+@register_model(scope='mmseg', name='NaLaSwinTransformer')
+class SegNaLaSwinTransformer(SwinStages, MMSegSwinTransformer):
+    __doc__ = "mmseg's ``SwinTransformer`` with a token mixer per stage.\n" + _MIXERS_DOC
+
+
+@register_model(scope='mmdet', name='NaLaSwinTransformer')
+class DetNaLaSwinTransformer(SwinStages, MMDetSwinTransformer):
+    __doc__ = ("mmdet's ``SwinTransformer`` with a token mixer per stage; with "
+               "``convert_weights=True`` a checkpoint in the official Swin layout goes through "
+               "mmdet's ``swin_converter`` before the carry-over.\n" + _MIXERS_DOC)
+
+    def _upstream_state(self, checkpoint):
+        if not self.convert_weights:
+            return backbone_state_dict(checkpoint)
+        return backbone_state_dict(dict(state_dict=swin_converter(state_dict_of(checkpoint))))

@@ -1,0 +1,123 @@
+"""The ViT family: NaLa inside mmseg's ``VisionTransformer`` (UperNet-ViT, Segmenter, SETR, DPT),
+one mixer per layer.
+
+A plain ViT attends globally through mmcv's ``MultiheadAttention``, which materialises the N x N
+weights: this is where a linear-cost mixer changes the cost class. What is ViT-specific:
+
+* **The grid.** ``VisionTransformer.forward`` calls ``layer(x)`` without the patch grid, which
+  LePE and 2D RoPE need. A forward hook on ``patch_embed`` (whose output carries the grid)
+  records it for the swapped layers of the same forward; the parent's ``forward`` is unchanged.
+* **The class token** (``with_cls_token=True``): it has no grid position. It leads the token
+  sequence as a prefix token of the mixer (:meth:`GatedAttention.forward`): it attends to every
+  patch and every patch attends to it, it is left unrotated by RoPE and outside LePE.
+* **Freezing.** The parent applies ``frozen_exclude`` in ``__init__``, before the swap adds the
+  mixers' parameters; it is applied again after the swap.
+* **The checkpoint.** mmseg's layout (``vit2mmseg`` of timm/DeiT files), q | k | v in
+  ``layers.{i}.attn.attn.in_proj_weight``; the positional embedding is resized to the model's
+  grid as the parent does.
+
+Registered: ``NaLaVisionTransformer`` in mmseg's registry.
+"""
+from typing import Dict, Optional, Sequence, Tuple
+
+from mmseg.models.backbones import VisionTransformer
+from torch import Tensor, nn
+
+from ...registry import register_model
+from ..mixer_specs import MixerEntry, build_mixer
+from ..mixers import GatedAttention
+from .base import MIXER_ATTR, SwappedAttentionMixin
+from .spatial_reduction import SPATIAL_REDUCTION_ATTENTION
+
+# mmcv's MultiheadAttention (``layers.{i}.attn``) around torch's nn.MultiheadAttention (``attn``):
+# the same tensors as in MiT and PVTv2
+VIT_ATTENTION = SPATIAL_REDUCTION_ATTENTION
+
+
+class PatchGrid:
+    """The patch grid ``(H, W)`` of the forward in progress, shared by a ViT's swapped layers."""
+
+    def __init__(self):
+        self.hw_shape: Optional[Tuple[int, int]] = None
+
+    def record(self, module: nn.Module, args: tuple, output: Tuple[Tensor, Sequence[int]]):
+        """Forward hook of ``patch_embed``, which returns ``(tokens, hw_shape)``."""
+        self.hw_shape = tuple(output[1])
+
+
+class GlobalTokenAttention(nn.Module):
+    """mmcv ``MultiheadAttention``'s slot in a ViT layer, ``forward(query, identity=None) ->
+    identity + dropout_layer(proj_drop(mixed))`` (the residual is added here, as upstream): the
+    mixer attends over the class token (when there is one) and the patch grid."""
+
+    def __init__(self, mixer: GatedAttention, grid: PatchGrid, num_prefix: int,
+                 proj_drop: nn.Module, dropout_layer: nn.Module):
+        super().__init__()
+        setattr(self, MIXER_ATTR, mixer)  # checkpoints name it so
+        self.grid = grid
+        self.num_prefix = num_prefix
+        self.proj_drop = proj_drop
+        self.dropout_layer = dropout_layer
+
+    def forward(self, query: Tensor, identity: Optional[Tensor] = None, **kwargs) -> Tensor:
+        if kwargs.get('key') is not None or kwargs.get('value') is not None:
+            raise ValueError('a swapped ViT layer attends over its own tokens (self-attention); '
+                             'got a separate key/value')
+        if self.grid.hw_shape is None:
+            raise RuntimeError('the patch grid is unknown: a swapped ViT layer runs inside its '
+                               "backbone's forward, after patch_embed")
+        mixed = self.mixer(query, hw_shape=self.grid.hw_shape, num_prefix=self.num_prefix)
+        return (query if identity is None else identity) + \
+            self.dropout_layer(self.proj_drop(mixed))
+
+
+class ViTLayers(SwappedAttentionMixin):
+    """mmseg's ViT: one ``mixers`` entry per layer (``layers[i]``, attention in ``.attn``)."""
+    attention_layout = VIT_ATTENTION
+    mixer_unit = 'layer'
+
+    def __init__(self, mixers: Sequence[MixerEntry], **kwargs):
+        self._grid = PatchGrid()
+        super().__init__(mixers=mixers, **kwargs)
+        self.patch_embed.register_forward_hook(self._grid.record)
+
+    def _num_units(self):
+        return len(self.layers)
+
+    def _unit_blocks(self, unit):
+        return [self.layers[unit]]
+
+    def _global_attention(self, stock, mixer_cfg):
+        mixer = build_mixer(mixer_cfg, stock.embed_dims, stock.num_heads)
+        return GlobalTokenAttention(mixer, self._grid, int(self.with_cls_token),
+                                    proj_drop=stock.proj_drop, dropout_layer=stock.dropout_layer)
+
+    def _after_swap(self):
+        self._freeze()  # the parent froze before the mixers existed
+
+    def _adapt_state(self, state: Dict[str, Tensor]) -> Dict[str, Tensor]:
+        """The positional embedding resized to the model's grid, as the parent's
+        ``init_weights`` does (the class token's entry kept)."""
+        stored = state.get('pos_embed')
+        if stored is not None and stored.shape != self.pos_embed.shape:
+            side = int((stored.shape[1] - 1) ** 0.5)
+            height, width = self.img_size
+            state['pos_embed'] = self.resize_pos_embed(
+                stored, (height // self.patch_size, width // self.patch_size), (side, side),
+                self.interpolate_mode)
+        return state
+
+
+@register_model(scope='mmseg')
+class NaLaVisionTransformer(ViTLayers, VisionTransformer):
+    """mmseg's ``VisionTransformer`` with a token mixer per layer.
+
+    Args:
+        mixers: one entry per layer (``num_layers`` of them, no default): ``'softmax'`` keeps
+            the layer's stock ``MultiheadAttention``; ``'nala'``, ``'linear'`` or a registered
+            mixer's config put that mixer, attending over the class token and the whole patch
+            grid with LePE and 2D RoPE on the grid, in its place.
+        **kwargs: every argument of mmseg's ``VisionTransformer``. A ``Pretrained`` ``init_cfg``
+            (or ``pretrained``) of a stock ViT checkpoint carries each swapped layer's q/k/v and
+            output projection into its mixer (:mod:`.base`).
+    """

@@ -1,0 +1,43 @@
+"""The kernelised-attention op: one signature, ``mode='fast' | 'reference'`` resolved here.
+
+``'reference'`` is the formula in plain ops (:mod:`.naive`); ``'fast'`` the chunked node with a
+hand-written backward (:mod:`.chunked`); while exporting, :func:`nala_mm.ops.resolve_mode`
+forces the reference.
+"""
+from torch import Tensor
+
+from ..mode import resolve_mode
+from .chunked import DEFAULT_CHUNK, kernelized_attention_chunked
+from .config import NaLaConfig
+from .feature_maps import FeatureMap
+from .naive import kernelized_attention_naive, kernelized_attention_weights
+from .rope import Rope
+
+
+def kernelized_attention(q: Tensor, k: Tensor, v: Tensor, query_map: FeatureMap,
+                         key_map: FeatureMap, eps: float = 1e-6, rope: Rope = None,
+                         mode: str = 'fast', chunk: int = DEFAULT_CHUNK) -> Tensor:
+    """Kernelised attention on ``(B, heads, N, d)`` float32 tensors; ``rope`` = ``(cos, sin)``.
+
+    ``chunk`` bounds the tokens the fast mode processes at once (memory), not the result.
+    """
+    if resolve_mode(mode) == 'reference':
+        return kernelized_attention_naive(q, k, v, query_map, key_map, eps, rope)
+    return kernelized_attention_chunked(q, k, v, query_map, key_map, eps, rope, chunk)
+
+
+def nala_attention(q: Tensor, k: Tensor, v: Tensor, cfg: NaLaConfig, rope: Rope = None,
+                   mode: str = 'fast', chunk: int = DEFAULT_CHUNK) -> Tensor:
+    """NaLa attention on ``(B, heads, N, d)`` float32 tensors; ``rope`` = ``(cos, sin)``."""
+    return kernelized_attention(q, k, v, *cfg.feature_maps(), cfg.eps, rope, mode, chunk)
+
+
+def nala_attention_reference(q: Tensor, k: Tensor, v: Tensor, cfg: NaLaConfig,
+                             rope: Rope = None) -> Tensor:
+    """``nala_attention(..., mode='reference')``."""
+    return nala_attention(q, k, v, cfg, rope, mode='reference')
+
+
+def nala_attention_matrix(q: Tensor, k: Tensor, cfg: NaLaConfig, rope: Rope = None) -> Tensor:
+    """The implied N x N attention, for tests and inspection only (quadratic memory)."""
+    return kernelized_attention_weights(q, k, *cfg.feature_maps(), cfg.eps, rope, rope)
