@@ -38,42 +38,17 @@ from report import (
     write_json,
     write_markdown,
 )
-from runs import tool_env, train_config
+from runs import DEMO, SMALL_SWIN, small_swin_config, tool_env, train_config
 
-DEMO = osp.join(REPO, 'configs', 'demo', 'ade20k_demo_nala_upernet.py')
-SWIN = dict(embed_dims=32, depths=(2, 2, 2, 2), num_heads=(1, 2, 4, 8), window_size=7,
-            drop_path_rate=0.1)
 ARMS = {
     'softmax': dict(label='Swin, softmax continued', mixers=('softmax',) * 4),
     'nala': dict(label='Swin, stages 1-2 swapped to NaLa and fine-tuned',
                  mixers=('nala', 'nala', 'softmax', 'softmax')),
 }
-CONFIG = """_base_ = [{demo!r}]
-model = dict(
-    backbone=dict(_delete_=True, type='NaLaSwinTransformer', mixers={mixers!r}, init_cfg=None,
-                  **{swin!r}),
-    decode_head=dict(in_channels=[32, 64, 128, 256]), auxiliary_head=dict(in_channels=128))
-optim_wrapper = dict(paramwise_cfg=dict(custom_keys={{
-    'relative_position_bias_table': dict(decay_mult=0.), 'norm': dict(decay_mult=0.),
-    'mixer.ln': dict(decay_mult=0.)}}))
-train_dataloader = dict(batch_size=4)
-randomness = dict(seed={seed})
-load_from = {load_from!r}
-max_iters = {iters}
-param_scheduler = [
-    dict(type='LinearLR', start_factor=1e-3, by_epoch=False, begin=0, end={warmup}),
-    dict(type='PolyLR', eta_min=0.0, power=1.0, begin={warmup}, end=max_iters, by_epoch=False),
-]
-train_cfg = dict(type='IterBasedTrainLoop', max_iters=max_iters, val_interval=max_iters)
-default_hooks = dict(logger=dict(type='LoggerHook', interval=25, log_metric_by_epoch=False),
-                     checkpoint=dict(type='CheckpointHook', by_epoch=False, interval=max_iters,
-                                     max_keep_ckpts=1))
-"""
 
 
 def config_text(arm: str, seed: int, iters: int, load_from) -> str:
-    return CONFIG.format(demo=DEMO, mixers=ARMS[arm]['mixers'], swin=SWIN, seed=seed,
-                         load_from=load_from, iters=iters, warmup=max(iters // 10, 1))
+    return small_swin_config(ARMS[arm]['mixers'], seed, iters, load_from)
 
 
 def final_miou(run: dict) -> float:
@@ -172,7 +147,7 @@ def main() -> None:
     summary['nala_minus_softmax'] = dict(mean=mean(deltas),
                                          std=stdev(deltas) if len(deltas) > 1 else None,
                                          per_seed=deltas)
-    payload = dict(data='embedded synthetic ADE20K-layout data (make demo)', backbone=SWIN,
+    payload = dict(data='embedded synthetic ADE20K-layout data (make demo)', backbone=SMALL_SWIN,
                    pretrain_iters=args.pretrain_iters, finetune_iters=args.finetune_iters,
                    seeds=args.seeds, arms={k: v['label'] for k, v in ARMS.items()},
                    runs=runs, summary=summary)

@@ -185,12 +185,26 @@ class SwappedAttentionMixin:
         (the parent's converter applied where it has one)."""
         return backbone_state_dict(checkpoint)
 
-    def _adapt_state(self, state: Dict[str, Tensor]) -> Dict[str, Tensor]:
-        """What the parent's ``init_weights`` does to the tensors it keeps (default: nothing)."""
+    def _adapt_state(self, state: Dict[str, Tensor],
+                     model_state: Mapping[str, Tensor]) -> Dict[str, Tensor]:
+        """What the parent's ``init_weights`` does to the tensors it keeps, for a model whose
+        ``state_dict()`` is ``model_state`` (this backbone, or its stock parent built with the
+        same arguments): resizing position tables to its sizes. Default: nothing."""
         return state
+
+    def in_own_layout(self, state: Mapping[str, Tensor]) -> bool:
+        """Whether most of ``state``'s keys are this backbone's own (a file written from this
+        model or from its stock parent in the package's layout), so that a converter from an
+        official layout must not run on it again."""
+        own = self.state_dict().keys()
+        return bool(state) and 2 * sum(key in own for key in state) >= len(state)
 
     def _after_swap(self) -> None:
         """Re-apply what the parent did in ``__init__`` to modules the swap replaced."""
+
+    def before_blocks(self, inputs: Tensor) -> None:
+        """Prepare for calling blocks on their own, outside a forward of the whole backbone
+        (the attention transfer feeds each block its teacher's input): default nothing."""
 
     # ------------------------------------------------------------------ shared
     def _swap_units(self, mixers: Sequence[MixerEntry]) -> None:
@@ -256,7 +270,7 @@ class SwappedAttentionMixin:
         model_state = self.state_dict()
         state, report = carry_over(
             state, model_state, {name: self.attention_layout for name in self._swapped_names})
-        state = self._adapt_state(state)
+        state = self._adapt_state(state, model_state)
         if not any(key in model_state for key in state):
             stock = self._stock_parent()
             raise ValueError(f'{type(self).__name__}: no tensor of {source} matches a parameter '

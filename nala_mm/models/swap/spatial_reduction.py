@@ -83,10 +83,12 @@ class NaLaPyramidVisionTransformerV2(SpatialReductionStages, PyramidVisionTransf
             ``'linear'`` or a mixer config attend at full resolution instead (no ``sr`` conv).
         **kwargs: every argument of mmdet's ``PyramidVisionTransformerV2``; with
             ``convert_weights=True`` (its default) a checkpoint in the official PVT layout is
-            converted by mmdet's ``pvt_convert`` before the carry-over.
+            converted by mmdet's ``pvt_convert`` before the carry-over (one already in mmdet's
+            layout is not converted again).
     """
 
     def _upstream_state(self, checkpoint):
-        if not self.convert_weights:
-            return backbone_state_dict(checkpoint)
+        state = backbone_state_dict(checkpoint)
+        if not self.convert_weights or self.in_own_layout(state):  # not converted twice
+            return state
         return backbone_state_dict(dict(state_dict=pvt_convert(state_dict_of(checkpoint))))

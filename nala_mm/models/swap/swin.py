@@ -80,8 +80,8 @@ class SwinStages(SwappedAttentionMixin):
         mixer = build_mixer(mixer_cfg, window_msa.embed_dims, window_msa.num_heads)
         return WindowFreeAttention(mixer, proj_drop=window_msa.proj_drop, drop=stock.drop)
 
-    def _adapt_state(self, state):
-        return resize_relative_position_tables(state, self.state_dict())
+    def _adapt_state(self, state, model_state):
+        return resize_relative_position_tables(state, model_state)
 
 
 _MIXERS_DOC = """
@@ -103,9 +103,13 @@ class SegNaLaSwinTransformer(SwinStages, MMSegSwinTransformer):
 class DetNaLaSwinTransformer(SwinStages, MMDetSwinTransformer):
     __doc__ = ("mmdet's ``SwinTransformer`` with a token mixer per stage; with "
                "``convert_weights=True`` a checkpoint in the official Swin layout goes through "
-               "mmdet's ``swin_converter`` before the carry-over.\n" + _MIXERS_DOC)
+               "mmdet's ``swin_converter`` before the carry-over, and one already in mmdet's "
+               "layout (a file written from this model or a stock mmdet Swin) does not: "
+               "converting it again would rename ``patch_embed.projection`` to "
+               "``projectionjection``, which a non-strict load drops silently.\n" + _MIXERS_DOC)
 
     def _upstream_state(self, checkpoint):
-        if not self.convert_weights:
-            return backbone_state_dict(checkpoint)
+        state = backbone_state_dict(checkpoint)
+        if not self.convert_weights or self.in_own_layout(state):
+            return state
         return backbone_state_dict(dict(state_dict=swin_converter(state_dict_of(checkpoint))))

@@ -18,8 +18,9 @@ weights: this is where a linear-cost mixer changes the cost class. What is ViT-s
 
 Registered: ``NaLaVisionTransformer`` in mmseg's registry.
 """
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Dict, Mapping, Optional, Sequence, Tuple
 
+import torch
 from mmseg.models.backbones import VisionTransformer
 from torch import Tensor, nn
 
@@ -95,11 +96,17 @@ class ViTLayers(SwappedAttentionMixin):
     def _after_swap(self):
         self._freeze()  # the parent froze before the mixers existed
 
-    def _adapt_state(self, state: Dict[str, Tensor]) -> Dict[str, Tensor]:
+    def before_blocks(self, inputs: Tensor) -> None:
+        """The patch grid of ``inputs`` for layers called on their own (patch_embed's hook)."""
+        with torch.no_grad():
+            self.patch_embed(inputs)
+
+    def _adapt_state(self, state: Dict[str, Tensor],
+                     model_state: Mapping[str, Tensor]) -> Dict[str, Tensor]:
         """The positional embedding resized to the model's grid, as the parent's
         ``init_weights`` does (the class token's entry kept)."""
         stored = state.get('pos_embed')
-        if stored is not None and stored.shape != self.pos_embed.shape:
+        if stored is not None and stored.shape != model_state['pos_embed'].shape:
             side = int((stored.shape[1] - 1) ** 0.5)
             height, width = self.img_size
             state['pos_embed'] = self.resize_pos_embed(
