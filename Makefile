@@ -4,7 +4,8 @@ PY := $(VENV)/bin/python
 export PYTHONUNBUFFERED := 1
 
 .PHONY: setup lint test test-unit test-extended test-e2e demo demo-det bench ablation \
-	out-norm-study swap-bench swap-study vit-bench longrange-data longrange clean-demo
+	out-norm-study swap-bench swap-study vit-bench linearize linearize-choices longrange-data \
+	longrange clean-demo
 
 setup:
 	@bash tools/setup_env.sh
@@ -64,6 +65,15 @@ vit-bench: setup
 	$(PY) benchmarks/vit.py
 	$(PY) benchmarks/vit_cityscapes.py
 
+# A softmax-trained Swin (demo data) and ViT (long-range task) converted to NaLa by a plain swap
+# or by attention transfer (tools/linearize.py), then fine-tuned, against softmax continued.
+linearize: setup
+	$(PY) benchmarks/linearize.py
+
+# The attention transfer's design choices on the Swin teacher (target, inputs, parameters, lr).
+linearize-choices: setup
+	$(PY) benchmarks/linearize.py --choices
+
 # The long-range exemplar task's data (ADE20K layout under data/longrange, deterministic).
 longrange-data: setup
 	$(PY) -m nala_mm.datasets.longrange
@@ -72,6 +82,11 @@ longrange-data: setup
 # (one thread per run).
 longrange: setup
 	$(PY) benchmarks/longrange.py
+
+# The sdist and, built from it, the wheel (both carry nala_mm/.mim: configs, tools, model index).
+dist: setup
+	rm -rf dist build
+	$(PY) -m build --no-isolation --outdir dist .
 
 clean-demo:
 	rm -rf data/demo work_dirs/demo*

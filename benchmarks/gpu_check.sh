@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# GPU readiness in one go: the chunked op against the written-out formulas (float64),
-# fast-vs-reference parity on CUDA in fp32 and under fp16 autocast, the
-# attention / backbone / segmentor / swapped-backbone benchmarks with --device cuda, and a 50-iteration AMP training
-# run of the demo segmentor. Results: benchmarks/results/*_cuda.*
+# GPU readiness in one go: mmcv's CUDA ops (tools/check_env.py), the chunked op against the
+# written-out formulas (float64), fast-vs-reference parity on CUDA in fp32 and under fp16
+# autocast, the attention / backbone / segmentor / swapped-backbone / ViT benchmarks with
+# --device cuda, whole-model inference through tools/benchmark.py (fp32 and fp16, NaLa against
+# Swin-T in turns), a 50-iteration AMP training run of the demo segmentor, and attention
+# transfer (tools/linearize.py) on CUDA.
+# Results: benchmarks/results/*_cuda.*
 #
 #     bash benchmarks/gpu_check.sh            # from the repository root, environment set up
 set -euo pipefail
@@ -16,6 +19,9 @@ import torch
 assert torch.cuda.is_available(), 'gpu_check.sh needs a CUDA device'
 print(torch.cuda.get_device_name(), 'torch', torch.__version__)
 PYCODE
+
+echo "== mmcv's NMS and RoIAlign on CUDA tensors"
+$PY tools/check_env.py
 
 echo '== parity on CUDA: fast vs reference (fp32), and fp16 autocast vs fp32'
 $PY - <<'PYCODE' | tee "$OUT/parity_cuda.txt"
@@ -93,10 +99,34 @@ $PY benchmarks/backbone.py --device cuda --sizes 1024 2048 --train-sizes 512 102
 $PY benchmarks/segmentor.py --device cuda --sizes 1024 2048 --train-sizes 512 --repeats 10 --warmup 3
 # stock Swin-T / MiT-B0 / PVTv2-B0 against their NaLa-swapped versions (docs/swap.md)
 $PY benchmarks/swap.py --device cuda --sizes 1024 2048 --repeats 10 --warmup 3
+# ViT-S/B stock, fused SDPA and NaLa (writes vit_cuda.json/.md/.png)
+$PY benchmarks/vit.py --device cuda
+
+echo '== whole-model inference (tools/benchmark.py): UperNet + all-linear NaLaFormer-T vs Swin-T'
+SWIN=mmseg::swin/swin-tiny-patch4-window7-in1k-pre_upernet_8xb2-160k_ade20k-512x512.py
+for SIZE in 512 2048; do
+  $PY tools/benchmark.py configs/ade20k_nala-t-linear_upernet.py --shape $SIZE $SIZE --device cuda \
+      --warmup 5 --repeat 20 --compare $SWIN --out "$OUT/inference_${SIZE}_cuda.json"
+  $PY tools/benchmark.py configs/ade20k_nala-t-linear_upernet.py --shape $SIZE $SIZE --device cuda \
+      --amp --warmup 5 --repeat 20 --compare $SWIN --out "$OUT/inference_${SIZE}_fp16_cuda.json"
+done
 
 echo '== 50-iteration AMP training run of the demo segmentor'
 $PY -c "from nala_mm.datasets.synthetic_ade import generate_ade_like; generate_ade_like('data/demo/ade/ADEChallengeData2016')"
 $PY tools/train.py configs/demo/ade20k_demo_nala_upernet.py --amp --work-dir work_dirs/gpu_check_amp \
     --cfg-options train_cfg.max_iters=50 train_cfg.val_interval=50 \
     default_hooks.checkpoint.interval=50 2>&1 | tee "$OUT/amp_train_cuda.log" | grep -E "Iter|mIoU" | tail -5
+echo '== attention transfer on CUDA: the long-range ViT, stock -> NaLa (tools/linearize.py)'
+mkdir -p work_dirs
+$PY -m nala_mm.datasets.longrange --num-train 32 --num-val 8
+$PY - <<'PYCODE'
+import torch
+from nala_mm.config_loading import build_model_from_config
+model, _ = build_model_from_config('configs/longrange/ade20k_longrange_vit.py')
+model.init_weights()
+torch.save({'state_dict': model.state_dict()}, 'work_dirs/gpu_check_vit_stock.pth')
+PYCODE
+$PY tools/linearize.py configs/longrange/ade20k_longrange_vit_nala.py \
+    work_dirs/gpu_check_vit_stock.pth --out work_dirs/gpu_check_vit_linearized.pth --iters 50 \
+    --device cuda --report "$OUT/linearize_cuda.json" 2>&1 | tail -4
 echo "results: $OUT/*_cuda.*"

@@ -55,6 +55,20 @@ def load_config(path: str, launcher: str = 'none', cfg_options: Optional[dict] =
     return cfg
 
 
+def enable_auto_scale_lr(cfg: Config) -> None:
+    """``--auto-scale-lr`` (as mmdet's train.py): turn on mmengine's learning-rate scaling, by
+    which the Runner multiplies the learning rate by the run's total batch (processes x
+    ``train_dataloader.batch_size``) over ``auto_scale_lr.base_batch_size``, the batch the
+    recipe's rate was set for. The config must say that batch."""
+    scaling = cfg.get('auto_scale_lr')
+    if not isinstance(scaling, dict) or isinstance(scaling.get('base_batch_size'), bool) or \
+            not isinstance(scaling.get('base_batch_size'), int) or scaling['base_batch_size'] < 1:
+        raise ValueError('--auto-scale-lr needs auto_scale_lr = dict(enable=False, '
+                         'base_batch_size=N) in the config, N the total batch its learning rate '
+                         f'was set for (a positive integer); got auto_scale_lr={scaling!r}')
+    cfg.auto_scale_lr.enable = True
+
+
 def resolve_config_path(path: str) -> str:
     """``'mmseg::swin/x.py'`` -> the file inside the installed package; other paths unchanged."""
     if '::' not in path:

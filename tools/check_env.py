@@ -1,13 +1,45 @@
 """Prove the environment is usable: versions, and mmcv's compiled ops really run.
 
-Exit code 0 when all is well; otherwise a message that says what is wrong and how to fix it.
+On a machine with CUDA, mmcv's NMS and RoIAlign also run on CUDA tensors and must agree with the
+CPU results: an mmcv built without its CUDA kernels (no ``FORCE_CUDA=1``, or no CUDA toolkit at
+build time) imports fine and fails only there. Exit code 0 when all is well; otherwise a message
+that says what is wrong and how to fix it.
 """
 import sys
+
+REBUILD_CUDA = ('rebuild it with its CUDA kernels: `pip uninstall -y mmcv && pip cache remove '
+                'mmcv`, then `FORCE_CUDA=1 make setup` with a CUDA toolkit matching torch\'s CUDA '
+                '{cuda} on the PATH (nvcc --version); in an environment of your own: '
+                '`FORCE_CUDA=1 MMCV_WITH_OPS=1 pip install --no-build-isolation mmcv==2.1.0`')
 
 
 def fail(message: str) -> None:
     print(f'[check_env] ERROR: {message}', file=sys.stderr)
     sys.exit(1)
+
+
+def check_cuda_ops(boxes, scores, keep, feats, rois, pooled) -> str:
+    """NMS and RoIAlign on CUDA tensors, compared with their CPU results; the GPU's name."""
+    import torch
+    from mmcv.ops import RoIAlign, get_compiling_cuda_version, nms
+    cuda = torch.version.cuda
+    built_for = get_compiling_cuda_version()
+    if built_for == 'not available':
+        fail(f'mmcv was built without CUDA ops although CUDA {cuda} is available; '
+             + REBUILD_CUDA.format(cuda=cuda))
+    try:
+        _, keep_cuda = nms(boxes.cuda(), scores.cuda(), iou_threshold=0.5)
+        pooled_cuda = RoIAlign((2, 2), spatial_scale=1.0, sampling_ratio=2,
+                               aligned=False)(feats.cuda(), rois.cuda())
+        torch.cuda.synchronize()
+    except (RuntimeError, AssertionError) as err:
+        fail(f'mmcv\'s ops failed on CUDA tensors ({err}); mmcv was built for CUDA {built_for}, '
+             f'torch uses CUDA {cuda}: ' + REBUILD_CUDA.format(cuda=cuda))
+    if keep_cuda.cpu().tolist() != keep or not torch.allclose(pooled_cuda.cpu(), pooled,
+                                                               atol=1e-5):
+        fail(f'mmcv\'s CUDA ops disagree with the CPU ones (nms kept {keep_cuda.cpu().tolist()}, '
+             f'expected {keep}); ' + REBUILD_CUDA.format(cuda=cuda))
+    return torch.cuda.get_device_name()
 
 
 def main() -> None:
@@ -34,6 +66,8 @@ def main() -> None:
     pooled = RoIAlign((2, 2), spatial_scale=1.0, sampling_ratio=2, aligned=False)(feats, rois)
     if pooled.shape != (1, 1, 2, 2) or not torch.isfinite(pooled).all():
         fail(f'mmcv.ops.RoIAlign gave {tuple(pooled.shape)}')
+    if torch.cuda.is_available():
+        check_cuda_ops(boxes, scores, keep.tolist(), feats, rois, pooled)
     try:
         import pkg_resources  # noqa: F401  (mmseg:: / mmdet:: config inheritance needs it)
     except ImportError:
@@ -44,8 +78,10 @@ def main() -> None:
     import mmseg
 
     import nala_mm.compat  # noqa: F401  (registers the modules, installs the host changes)
+    device = f'CUDA ops on {torch.cuda.get_device_name()}' if torch.cuda.is_available() else \
+        'no CUDA device: CPU ops only'
     print(f'[check_env] ok: torch {torch.__version__}, mmcv {mmcv.__version__} (ops: nms, '
-          f'RoIAlign), mmengine {mmengine.__version__}, mmseg {mmseg.__version__}, '
+          f'RoIAlign; {device}), mmengine {mmengine.__version__}, mmseg {mmseg.__version__}, '
           f'mmdet {mmdet.__version__}')
 
 

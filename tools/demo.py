@@ -11,7 +11,6 @@ import argparse
 import json
 import os.path as osp
 import re
-import subprocess
 import time
 from typing import Dict, List
 
@@ -20,6 +19,7 @@ from mmengine.runner import Runner
 
 from nala_mm import compat
 from nala_mm.config_loading import load_config
+from nala_mm.provenance import code_version
 
 # the host changes this tool relies on (weights-only resume, atomic checkpoints, CPU torchrun,
 # data checks): see nala_mm/compat.py
@@ -70,18 +70,6 @@ def per_class_tables(log_text: str) -> List[Dict[str, Dict[str, float]]]:
     if header and rows:
         tables.append(rows)
     return tables
-
-
-def code_version() -> str:
-    """The commit the run's code came from (``-dirty`` with uncommitted changes), so that each
-    committed summary names the code behind its numbers; ``unknown`` outside a git checkout."""
-    def git(*args: str) -> str:
-        return subprocess.run(['git', *args], cwd=osp.dirname(osp.dirname(osp.abspath(__file__))),
-                              capture_output=True, text=True).stdout.strip()
-    commit = git('rev-parse', '--short', 'HEAD')
-    if not commit:
-        return 'unknown'
-    return commit + ('-dirty' if git('status', '--porcelain', '--untracked-files=no') else '')
 
 
 def summarise(task: str, metrics: dict, data: dict, runner: Runner, seconds: float,

@@ -4,6 +4,8 @@
 #
 #   NALA_TORCH   pip requirement(s) for torch (default "torch==2.13.0", the CPU build here).
 #                GPU users: NALA_TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu126"
+#   FORCE_CUDA   1: build mmcv's CUDA kernels (needs a CUDA toolkit matching torch on the PATH);
+#                an installed mmcv without them is rebuilt
 #   NALA_VENV    where the environment lives (default .venv)
 #   PYTHON       interpreter used to create it (default python3)
 set -euo pipefail
@@ -14,7 +16,7 @@ TORCH_SPEC=${NALA_TORCH:-torch==2.13.0}
 PY=${PYTHON:-python3}
 STAMP="$VENV/.nala-setup-done"
 # The stamp records what was installed; a changed spec or setup.py triggers a refresh.
-WANT="torch=[$TORCH_SPEC] setup=$(sha1sum setup.py tools/setup_env.sh | sha1sum | cut -c1-12)"
+WANT="torch=[$TORCH_SPEC] cuda=${FORCE_CUDA:-0} setup=$(sha1sum setup.py tools/setup_env.sh | sha1sum | cut -c1-12)"
 
 log() { printf '[setup] %s\n' "$*"; }
 
@@ -37,6 +39,14 @@ $PIP install -q $TORCH_SPEC
 $PIP install -q "setuptools>=77,<82" wheel ninja "numpy<2.3"
 
 have_mmcv_ops() { "$VENV/bin/python" -c "import mmcv, mmcv.ops; assert mmcv.__version__ == '2.1.0'" 2>/dev/null; }
+# 'not available': the ops were compiled without CUDA kernels (a CPU build)
+mmcv_cuda() { "$VENV/bin/python" -c "from mmcv.ops import get_compiling_cuda_version as v; print(v())" 2>/dev/null || true; }
+if [ "${FORCE_CUDA:-0}" = 1 ] && have_mmcv_ops && [ "$(mmcv_cuda)" = "not available" ]; then
+  log "FORCE_CUDA=1 but the installed mmcv has no CUDA ops: rebuilding it"
+  "$VENV/bin/python" -m pip uninstall -y -q mmcv
+  # pip's cache holds the CPU build under the same name: it would be reinstalled as it is
+  "$VENV/bin/python" -m pip cache remove mmcv >/dev/null 2>&1 || true
+fi
 if ! have_mmcv_ops; then
   log "building mmcv 2.1.0 with compiled ops (10-20 minutes on 2 cores, once per machine;"
   log "pip caches the wheel afterwards). Build log: $VENV/mmcv-build.log"
@@ -63,14 +73,18 @@ fi
 
 log "installing mmengine, mmsegmentation, mmdet and test tools"
 $PIP install -q "mmengine==0.10.7" "mmsegmentation==1.2.2" "mmdet==3.3.0" einops ftfy regex \
-  pycocotools pytest hypothesis matplotlib tqdm onnx onnxruntime onnxscript "ruff==0.17.6"
+  pycocotools pytest hypothesis matplotlib tqdm onnx onnxruntime onnxscript "ruff==0.17.6" build
 # openmim (for `mim train mmseg ...`) pulls openxlab, which pins setuptools 60; its runtime
 # needs are listed explicitly instead.
 $PIP install -q --no-deps openmim
 $PIP install -q click colorama model-index tabulate pandas requests rich
 # Re-pin last: some dependency resolutions above move setuptools.
 $PIP install -q "setuptools>=77,<82"
-$PIP install -q --no-build-isolation --no-deps -e .
+# The checkout installed in place with its metadata beside it (setup.py's develop command), so
+# that mim and mmengine find the package at <checkout>/nala_mm; it also links nala_mm/.mim/ to
+# configs/, tools/ and model-index.yml. (A PEP 660 `pip install -e .` keeps the metadata in
+# site-packages, where mim looks for a nala_mm folder that does not exist.)
+"$VENV/bin/python" setup.py -q develop
 
 "$VENV/bin/python" tools/check_env.py
 echo "$WANT" >"$STAMP"

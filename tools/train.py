@@ -2,6 +2,10 @@
 
     python tools/train.py configs/ade20k_nala_upernet.py [--work-dir DIR] [--amp] [--resume [CKPT]]
     torchrun --nproc_per_node=2 tools/train.py CONFIG --launcher pytorch
+
+``--auto-scale-lr`` (as mmdet's train.py): the learning rate is scaled by the run's total batch
+(processes x ``train_dataloader.batch_size``) over the recipe's ``auto_scale_lr.base_batch_size``
+(mmengine's Runner does the scaling), e.g. 4 GPUs x 2 images on a 16-image recipe halve it.
 """
 import argparse
 import os
@@ -12,7 +16,7 @@ from mmengine.runner import Runner
 
 from nala_mm import compat
 from nala_mm.amp import enable_amp
-from nala_mm.config_loading import load_config
+from nala_mm.config_loading import enable_auto_scale_lr, load_config
 
 # the host changes this tool relies on (weights-only resume, atomic checkpoints, CPU torchrun,
 # data checks): see nala_mm/compat.py
@@ -28,6 +32,9 @@ def parse_args() -> argparse.Namespace:
                              'when no path is given')
     parser.add_argument('--amp', action='store_true',
                         help='automatic mixed precision (fp16 + loss scaling on GPU, bf16 on CPU)')
+    parser.add_argument('--auto-scale-lr', action='store_true',
+                        help="scale the learning rate by the total batch over the config's "
+                             'auto_scale_lr.base_batch_size (the recipe\'s batch)')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction,
                         help='override config settings, e.g. train_cfg.max_iters=100')
     parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
@@ -42,6 +49,8 @@ def build_config(args: argparse.Namespace) -> Config:
     cfg = load_config(args.config, args.launcher, args.cfg_options, args.work_dir)
     if args.amp:
         enable_amp(cfg)
+    if args.auto_scale_lr:
+        enable_auto_scale_lr(cfg)
     if args.resume == 'auto':
         cfg.resume = True
         cfg.load_from = None

@@ -34,4 +34,7 @@ optim_wrapper = dict(
     optimizer=dict(type='AdamW', lr=1e-4, weight_decay=1e-4),
     paramwise_cfg={{_base_.nala_no_decay}})
 param_scheduler = [dict(type='PolyLR', power=0.9, eta_min=0.0, begin=0, end=80000, by_epoch=False)]
+# 4 GPUs x 4 images = 16 images per iteration: the batch the learning rate is set for
+# (tools/train.py --auto-scale-lr scales it to another total batch)
 train_dataloader = dict(batch_size=4)
+auto_scale_lr = dict(enable=False, base_batch_size=16)

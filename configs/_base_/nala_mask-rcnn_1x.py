@@ -39,4 +39,5 @@ optim_wrapper = dict(
     optimizer=dict(_delete_=True, type='AdamW', lr=1e-4, betas=(0.9, 0.999), weight_decay=0.05),
     paramwise_cfg={{_base_.nala_no_decay}})
 train_dataloader = dict(batch_size=2)  # x 8 GPUs = 16 images per iteration
+# the batch the learning rate is set for (tools/train.py --auto-scale-lr scales it)
 auto_scale_lr = dict(enable=False, base_batch_size=16)

@@ -37,7 +37,9 @@ param_scheduler = [
     dict(type='LinearLR', start_factor=1e-6, by_epoch=False, begin=0, end=1500),
     dict(type='PolyLR', eta_min=0.0, power=1.0, begin=1500, end=160000, by_epoch=False),
 ]
-# 8 GPUs x 2 images = 16 images per iteration
+# 8 GPUs x 2 images = 16 images per iteration: the batch the learning rate is set for
+# (tools/train.py --auto-scale-lr scales it to another total batch)
 train_dataloader = dict(batch_size=2)
+auto_scale_lr = dict(enable=False, base_batch_size=16)
 val_dataloader = dict(batch_size=1)
 test_dataloader = val_dataloader

@@ -45,6 +45,9 @@ val_dataloader = dict(
     dataset=dict(data_root=data_root, metainfo=metainfo, pipeline=test_pipeline))
 test_dataloader = val_dataloader
 
+# one process x 8 images: the batch the demo's learning rate is set for
+auto_scale_lr = dict(enable=False, base_batch_size=8)
+
 max_iters = 2000
 optim_wrapper = dict(optimizer=dict(lr=2e-3, weight_decay=0.01))
 param_scheduler = [

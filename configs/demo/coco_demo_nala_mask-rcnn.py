@@ -64,6 +64,9 @@ test_dataloader = val_dataloader
 val_evaluator = dict(ann_file=data_root + 'annotations/instances_val2017.json', classwise=True)
 test_evaluator = val_evaluator
 
+# one process x 4 images: the batch the demo's learning rate is set for
+auto_scale_lr = dict(enable=False, base_batch_size=4)
+
 max_epochs = 24
 train_cfg = dict(max_epochs=max_epochs, val_interval=max_epochs)
 optim_wrapper = dict(optimizer=dict(lr=3e-4))

@@ -54,6 +54,8 @@ val_dataloader = dict(
     dataset=dict(data_root=data_root, metainfo=metainfo, pipeline=test_pipeline))
 test_dataloader = val_dataloader
 
+auto_scale_lr = dict(enable=False, base_batch_size=4)  # one process x 4 images
+
 max_iters = 1500
 optim_wrapper = dict(optimizer=dict(lr=3e-3, weight_decay=0.01))
 param_scheduler = [

@@ -6,3 +6,5 @@ _base_ = ['mmseg::segmenter/segmenter_vit-s_mask_8xb1-160k_ade20k-512x512.py']
 custom_imports = dict(imports=['nala_mm', 'nala_mm.compat'], allow_failed_imports=False)
 
 model = dict(backbone=dict(type='NaLaVisionTransformer', mixers=('nala',) * 12))
+# the stock recipe's batch (8 GPUs x 1 image), for tools/train.py --auto-scale-lr
+auto_scale_lr = dict(enable=False, base_batch_size=8)

@@ -9,3 +9,5 @@ model = dict(backbone=dict(type='NaLaSwinTransformer',
                            mixers=('nala', 'nala', 'softmax', 'softmax')))
 # the stock 'norm' key misses the mixer's LayerNorm ('...attn.mixer.ln.weight'): no decay there
 optim_wrapper = dict(paramwise_cfg=dict(custom_keys={'mixer.ln': dict(decay_mult=0.)}))
+# the stock recipe's batch (8 GPUs x 2 images), for tools/train.py --auto-scale-lr
+auto_scale_lr = dict(enable=False, base_batch_size=16)

@@ -6,3 +6,5 @@ custom_imports = dict(imports=['nala_mm', 'nala_mm.compat'], allow_failed_import
 model = dict(backbone=dict(type='NaLaSwinTransformer',
                            mixers=('nala', 'nala', 'softmax', 'softmax')))
 optim_wrapper = dict(paramwise_cfg=dict(custom_keys={'mixer.ln': dict(decay_mult=0.)}))
+# the stock recipe's batch (8 GPUs x 2 images), for tools/train.py --auto-scale-lr
+auto_scale_lr = dict(enable=False, base_batch_size=16)

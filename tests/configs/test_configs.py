@@ -34,11 +34,16 @@ def build_on_meta(cfg: Config):
         return registry.build(cfg.model)
 
 
+# the long-range task's plain ViT (the linearize study's teacher) and its NaLa swap
+LONGRANGE_VIT = ('ade20k_longrange_vit.py', 'ade20k_longrange_vit_nala.py')
+
+
 def nalaformer_configs(pattern: str) -> list:
     """The NaLaFormer configs matching ``pattern``; configs/swap/ (stock backbones with NaLa
-    swapped in) has its own checks in tests/configs/test_swap_configs.py."""
+    swapped in) has its own checks in tests/configs/test_swap_configs.py, the long-range ViTs
+    theirs below."""
     return sorted(p for p in glob.glob(osp.join(REPO, 'configs', '**', pattern), recursive=True)
-                  if '/swap/' not in p)
+                  if '/swap/' not in p and osp.basename(p) not in LONGRANGE_VIT)
 
 
 SEG_CONFIGS = nalaformer_configs('ade20k_*.py')
@@ -160,3 +165,21 @@ def test_each_ablation_config_is_its_named_preset_in_all_four_stages(path):
     name = osp.splitext(osp.basename(path))[0].rsplit('_', 1)[1]
     assert name in PRESETS, f'{path} names no preset; presets: {sorted(PRESETS)}'
     assert list(load(path).model.backbone.mixers) == [PRESETS[name].mixer] * 4
+
+
+def test_the_long_range_vits_are_the_stock_vit_and_its_swap():
+    """One ViT layer decoded at stride 8 from the 16 x 16 patch grid; the swap changes the
+    backbone type and its layer's mixer only."""
+    from nala_mm.models.swap import NaLaVisionTransformer
+    stock_cfg, swap_cfg = (load(osp.join(REPO, 'configs', 'longrange', n)) for n in LONGRANGE_VIT)
+    init_default_scope('mmseg')
+    from mmseg.registry import MODELS  # built for real: mmseg's ViT reads its drop rates
+    stock, swapped = MODELS.build(stock_cfg.model), MODELS.build(swap_cfg.model)
+    assert type(stock.backbone).__name__ == 'VisionTransformer'
+    assert type(swapped.backbone) is NaLaVisionTransformer
+    assert swapped.backbone.mixers == ('nala',) and len(swapped.backbone.layers) == 1
+    assert stock.backbone.patch_size == 8 and stock.decode_head.in_channels == [64]
+    ours, theirs = dict(swap_cfg.model.backbone), dict(stock_cfg.model.backbone)
+    assert ours.pop('type') == 'NaLaVisionTransformer' and ours.pop('mixers') == ('nala',)
+    theirs.pop('type')
+    assert ours == theirs

@@ -24,6 +24,7 @@ import os
 import os.path as osp
 import re
 from dataclasses import dataclass
+from statistics import mean
 from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 import pytest
@@ -32,9 +33,13 @@ from tests.helpers import REPO
 
 RESULTS = 'benchmarks/results'
 PAGES = ('README.md', 'docs/method.md', 'docs/fidelity.md', 'docs/mixers.md', 'docs/speed.md',
-         'docs/deploy.md', 'docs/robustness.md', 'docs/demos.md', 'docs/swap.md')
+         'docs/deploy.md', 'docs/robustness.md', 'docs/demos.md', 'docs/swap.md',
+         'docs/getting_started.md', 'docs/vit.md', 'docs/linearize.md')
 
 PAPER = 'NaLaFormer paper, arXiv:2506.21137 (cited on the page)'
+ARXIV = {'2308.00442': "FLatten Transformer's arXiv id", '2312.08874': "Agent Attention's arXiv id",
+         '2412.06590': "InLine attention's arXiv id", '2402.04347': "Hedgehog's arXiv id",
+         '2410.10254': "LoLCATs' arXiv id"}
 # Numbers a page may state without a results file, and why.
 NOT_MEASURED: Dict[str, Dict[str, str]] = {
     'README.md': {'2506.21137': 'the paper\'s arXiv id', '2.2': 'an mmcv version',
@@ -44,6 +49,9 @@ NOT_MEASURED: Dict[str, Dict[str, str]] = {
         **{top1: f'ImageNet-1K top-1, {PAPER}' for top1 in ('79.1', '82.6', '84.3', '85.2',
                                                               '85.7')}},
     'docs/fidelity.md': {'2506.21137': 'the paper\'s arXiv id'},
+    'docs/vit.md': {
+        **ARXIV, '10': "SETR's stock 10x learning rate on its heads (a setting)"},
+    'docs/linearize.md': {**ARXIV, '90': "the issue's goal for the zero-shot mIoU (a target)"},
     'docs/swap.md': {
         '2308.00442': 'FLatten Transformer\'s arXiv id',
         '2312.08874': 'Agent Attention\'s arXiv id',
@@ -346,7 +354,133 @@ def swap_finetune() -> Quotes:
     return {'docs/swap.md': verbatim('swap_finetune.md')}
 
 
+def vit() -> Quotes:
+    saved = load('vit.json')
+    rows = {(r['width'], r['engine'], r['mode'], r['side']): r for r in saved['rows']}
+    s, b = rows[('s', 'nala', 'fwd', 2048)], rows[('b', 'nala', 'fwd', 2048)]
+    s4, b4 = rows[('s', 'nala', 'fwd', 4096)], rows[('b', 'nala', 'fwd', 4096)]
+    stock_b = rows[('b', 'stock', 'fwd', 2048)]
+    assert stock_b.get('skipped') and not s4.get('skipped') and not b4.get('skipped')
+    skipped = [rows[(w, 'stock', 'fwd', 4096)] for w in ('s', 'b')]
+    sdpa_s4 = rows[('s', 'sdpa', 'fwd', 4096)]
+    b512, b512_train = rows[('b', 'nala', 'fwd', 512)], rows[('b', 'nala', 'train', 512)]
+    train_s, train_b = rows[('s', 'nala', 'train', 1024)], rows[('b', 'nala', 'train', 1024)]
+    reduction = saved['memory_reduction_vs_stock']['s']
+    assert reduction['side'] == 2048  # the largest size where both ran
+
+    def r3(x):
+        return f'{x:.3f}'
+    summary = [r for r in markdown_rows('vit.md') if r[0] in ('S', 'B')]
+    return {
+        'docs/vit.md': [row(*r) for r in summary] + [
+            Quote(f"ViT-S forward takes {r3(s['ms_vs_stock'])} of the stock model's time and "
+                  f"{r3(s['mib_vs_stock'])} of its peak memory: "
+                  f"{reduction['percent_less']:.1f} % less"),
+            Quote("beside the paper's 92.3 % at 70K+ tokens"),
+            Quote(f"it is {r3(s['ms_vs_sdpa'])} of the time at the same memory, and ViT-B at "
+                  f"2048² takes {r3(b['ms_vs_sdpa'])} of SDPA's time"),
+            Quote(f"({stock_b['predicted_mib'] / 1024:.1f} GiB predicted)"),
+            Quote(f"ViT-S in {s4['ms'] / 1e3:.1f} s and ViT-B in {b4['ms'] / 1e3:.1f} s with "
+                  f"{b4['mib'] / 1024:.2f} GiB of peak memory"),
+            Quote(f"the stock models would need {skipped[0]['predicted_mib'] / 1024:.1f} and "
+                  f"{skipped[1]['predicted_mib'] / 1024:.1f} GiB, and SDPA's ViT-S "
+                  f"{sdpa_s4['predicted_ms'] / 6e4:.1f} min a call"),
+            Quote(f"ViT-B forward is {r3(b512['ms_vs_sdpa'])} of SDPA's time and its training "
+                  f"step {r3(b512_train['ms_vs_sdpa'])}"),
+            Quote(f"takes {r3(train_s['ms_vs_stock'])} (ViT-S) and {r3(train_b['ms_vs_stock'])} "
+                  f"(ViT-B) of the stock model's time and {r3(train_b['mib_vs_stock'])} of its "
+                  f"memory")],
+        'README.md': [
+            Quote(f"| {r3(s['ms_vs_stock'])} of the time, {r3(s['mib_vs_stock'])} of the peak "
+                  f"memory ({reduction['percent_less']:.1f} % less) |"),
+            Quote(f"| {r3(b['ms_vs_sdpa'])} of the time; ViT-B at 4096² in "
+                  f"{b4['ms'] / 1e3:.1f} s, {b4['mib'] / 1024:.2f} GiB |")]}
+
+
+def linearize_choices() -> Quotes:
+    saved = load('linearize_choices.json')
+    runs = {tuple(r['options'][k] for k in ('target', 'inputs', 'params', 'lr')): r
+            for r in saved['results'] if not r.get('plain_swap')}
+
+    def miou(target, inputs, params, lr=1e-3):
+        return runs[(target, inputs, params, lr)]['zero_shot_mIoU']
+
+    def span(values, digits=1):
+        return f'{min(values):.{digits}f} to {max(values):.{digits}f}'
+    grid = [(t, i, p) for t in ('block', 'attention') for i in ('teacher', 'sequence')
+            for p in ('mixer', 'new')]
+    targets = [abs(miou('block', i, p) - miou('attention', i, p)) for _, i, p in grid]
+    assert max(targets) < 0.5  # 'the same zero-shot mIoU within 0.5'
+    sequence = [miou(t, 'sequence', 'mixer') - miou(t, 'teacher', 'mixer')
+                for t in ('block', 'attention')]
+    slower = [100 * (runs[(t, 'sequence', 'mixer', 1e-3)]['seconds']
+                     / runs[(t, 'teacher', 'mixer', 1e-3)]['seconds'] - 1)
+              for t in ('block', 'attention')]
+    new_parts = [miou(t, 'teacher', 'new') - miou(t, 'sequence', 'new')
+                 for t in ('block', 'attention')]
+    params = [miou(t, i, 'mixer') - miou(t, i, 'new') for t, i, _ in grid]
+    best = ('block', 'sequence', 'mixer')
+    same = abs(miou(*best, 3e-3) - miou(*best))
+    assert same < 0.1  # '3e-3 scores the same within 0.1'
+    return {'docs/linearize.md': verbatim('linearize_choices.md') + [
+        Quote('the same zero-shot mIoU within 0.5'),
+        Quote(f'it scores {span(sequence)} higher, at {span(slower, 0)} % more time'),
+        Quote(f'(with the new parts alone {max(new_parts):.1f} lower)'),
+        Quote(f'scores {span(params)} mIoU less at every target and input'),
+        Quote(f'(3e-3 scores the same within 0.1, 3e-4 '
+              f'{miou(*best) - miou(*best, 3e-4):.1f} less)')]}
+
+
+def linearize() -> Quotes:
+    saved = load('linearize.json')
+    quotes = []
+    for teacher in ('swin', 'vit'):
+        entry = saved['teachers'][teacher]
+        assert len(entry['runs']) >= 3, 'the study needs all arms x 3 seeds'
+        header = next(r for r in markdown_rows('linearize.md') if r[0] == 'plain swap, fine-tuned')
+        quotes += [row(*r) for r in markdown_rows('linearize.md')
+                   if r[0] in ('plain swap, fine-tuned', 'swap + attention transfer, fine-tuned',
+                               'softmax continued') and len(r) == len(header)]
+    swin, vit_ = saved['teachers']['swin'], saved['teachers']['vit']
+    ss, vs = swin['summary'], vit_['summary']
+
+    def pct(x):
+        return f'{100 * x:.1f} %'
+
+    def feature0(entry, arm):
+        return mean(next(r['rel_l2_after'] for r in run[f'{arm}_report']['rows']
+                         if r['name'] == 'features.0') for run in entry['runs'])
+    start = vit_['start']
+    return {
+        'docs/linearize.md': quotes + [
+            Quote(f"teacher mIoU {swin['start']['teacher_mIoU']:.2f}"),
+            Quote(f"keeps {pct(ss['plain']['zero_shot_over_teacher'])} of the teacher's mIoU"),
+            Quote(f"starts at {pct(ss['transfer']['zero_shot_over_teacher'])} of the teacher's "
+                  f"mIoU"),
+            Quote('after ' + ', '.join(map(str, ss['transfer']['iters_to_softmax'][:-1])) +
+                  f" and {ss['transfer']['iters_to_softmax'][-1]} labelled iterations, ending "
+                  f"{ss['transfer']['mean'][-1] - ss['softmax']['mean'][-1]:.2f} above it"),
+            Quote(f"from about {feature0(swin, 'plain'):.2f} to {feature0(swin, 'transfer'):.2f} "
+                  f"at stage 1"),
+            Quote(f"It took {ss['transfer_seconds']:.1f} s for 200 iterations"),
+            Quote(f"reaches mIoU {start['teacher_mIoU']:.2f} against {start['control_mIoU']:.2f} "
+                  f"for the control that mixes no tokens (a gap of {start['gap']:.2f}"),
+            Quote(f"({vs['plain']['mean'][0]:.2f}, {pct(vs['plain']['zero_shot_over_teacher'])} "
+                  f"of the teacher)"),
+            Quote(f"({vs['transfer']['mean'][0]:.2f}, "
+                  f"{pct(vs['transfer']['zero_shot_over_teacher'])}: just short of the 90 % goal)"),
+            Quote(f"from about {feature0(vit_, 'plain'):.2f} to "
+                  f"{feature0(vit_, 'transfer'):.2f}. "),
+            Quote(f"ends {vs['transfer']['mean'][-1] - vs['plain']['mean'][-1]:.2f} above the "
+                  f"plain swap"),
+            Quote(f"reaches the softmax arm ({vs['softmax']['mean'][-1]:.2f})")],
+        'README.md': [
+            Quote(f"| {pct(ss['transfer']['zero_shot_over_teacher'])} of the teacher's, against "
+                  f"{pct(ss['plain']['zero_shot_over_teacher'])} for a plain swap |")]}
+
+
 QUOTES: Dict[str, Callable[[], Quotes]] = {
+    'vit.json': vit, 'linearize.json': linearize, 'linearize_choices.json': linearize_choices,
     'swap.json': swap, 'swap_finetune.json': swap_finetune,
     'demo_seg.json': demo_seg, 'demo_det.json': demo_det, 'out_norm_study.json': out_norm_study,
     'ablation.json': ablation, 'flops_variants.md': flops_variants, 'attention.json': attention,
@@ -397,8 +531,8 @@ def read_page(page: str) -> Page:
             if line.lstrip().startswith('```'):
                 fenced = not fenced
                 line = ''
-            elif fenced or line.startswith('    '):
-                line = ''  # code: commands, settings, formulas
+            elif fenced or line.startswith('    ') or line.lstrip().startswith('<!--'):
+                line = ''  # code (commands, settings, formulas) and snippet markers
             line = ' '.join(line.replace('**', '').split())
             text.append(line)
             scan.append(LINK_TARGET.sub(_blank, INLINE_CODE.sub(_blank, line)))
