@@ -47,6 +47,7 @@ from nala_mm.analysis.measure import (
     print_case_result,
     run_case,
 )
+from nala_mm.provenance import code_version
 
 from paths import RESULTS
 from report import (
@@ -231,7 +232,8 @@ def sweep(args) -> List[dict]:
 
 
 def header(args) -> dict:
-    return dict(device=device_name(args.device), torch=torch.__version__, repeats=args.repeats,
+    return dict(commit=args.commit, device=device_name(args.device), torch=torch.__version__,
+                repeats=args.repeats,
                 warmup=args.warmup, cap_s=args.cap, layers=LAYERS, patch=PATCH,
                 img_size=IMG_SIZE, engines=ENGINES, paper_reduction_percent=PAPER_REDUCTION)
 
@@ -270,8 +272,48 @@ def summarise(saved: dict) -> dict:
     return saved
 
 
+def summary_table(rows: List[dict]) -> List[str]:
+    """Per width, mode and size: each model's time and peak memory side by side, and NaLa's
+    ratios (the table docs/vit.md copies)."""
+    def cell(row):
+        if not row or row.get('skipped') or not row.get('ms'):
+            return 'skipped' if row and row.get('skipped') else '-'
+        mib = row['mib']
+        return f"{row['ms'] / 1e3:.1f} s, " + (f'{mib / 1024:.2f} GiB' if mib >= 1024
+                                                else f'{mib:.0f} MiB')
+
+    table = []
+    for mode in ('fwd', 'train'):
+        for width in WIDTHS:
+            for side in sorted({r['side'] for r in rows if r['mode'] == mode}):
+                by = {r['engine']: r for r in rows if r['mode'] == mode and r['width'] == width
+                      and r['side'] == side}
+                nala = by.get('nala')
+                if nala is None:
+                    continue
+                table.append([width.upper(), 'forward' if mode == 'fwd' else 'training step',
+                              f"{side}² ({nala['tokens']:,})"] +
+                             [cell(by.get(e)) for e in ENGINES] +
+                             [fmt(nala.get(k), 3) for k in ('ms_vs_stock', 'mib_vs_stock',
+                                                            'ms_vs_sdpa')])
+    return markdown_table(['ViT', 'mode', 'side (tokens)', 'stock', 'fused SDPA', 'NaLa',
+                           'NaLa time / stock', 'NaLa memory / stock', 'NaLa time / SDPA'],
+                          table)
+
+
 def label(row: dict) -> str:
     return f"ViT-{row['width'].upper()}, {ENGINES[row['engine']]}"
+
+
+def note(row: dict) -> str:
+    """Why a case did not run, with both predictions; or how it ran."""
+    if row.get('skipped'):
+        if 'memory' in row['skipped'] and row.get('predicted_ms'):
+            return f"skipped: {row['skipped']} (and {row['predicted_ms'] / 6e4:.1f} min a call)"
+        if row.get('predicted_mib'):
+            return f"skipped: {row['skipped']} (and {row['predicted_mib'] / 1024:.1f} GiB)"
+        return f"skipped: {row['skipped']}"
+    return row.get('error') or ('one call' if row.get('calls') == 1 else '')
 
 
 def write_outputs(saved: dict, out: str) -> None:
@@ -286,7 +328,9 @@ def write_outputs(saved: dict, out: str) -> None:
              f"{saved['warmup']} warm-up; one call where that would pass the "
              f"{saved['cap_s'] / 60:.0f}-minute cap), ratios the median of per-round ratios. "
              'Memory: the peak of one step above the baseline, each model in its own process. '
-             'Skipped: predicted past the free memory or the cap (the prediction is shown).', '']
+             'Skipped: predicted past the free memory or the cap (the prediction is shown).', '',
+             '## Summary (time and peak memory per model)', '']
+    lines += summary_table(saved['rows']) + ['']
     for mode in ('fwd', 'train'):
         mine = [r for r in saved['rows'] if r['mode'] == mode]
         if not mine:
@@ -297,8 +341,7 @@ def write_outputs(saved: dict, out: str) -> None:
              'memory / stock', 'time / SDPA', 'memory / SDPA', 'note'],
             [[label(r), r['side'], r['tokens'], fmt(r.get('ms')), fmt(r.get('mib')),
               fmt(r.get('ms_vs_stock'), 3), fmt(r.get('mib_vs_stock'), 3),
-              fmt(r.get('ms_vs_sdpa'), 3), fmt(r.get('mib_vs_sdpa'), 3),
-              r.get('skipped') or r.get('error') or ('one call' if r.get('calls') == 1 else '')]
+              fmt(r.get('ms_vs_sdpa'), 3), fmt(r.get('mib_vs_sdpa'), 3), note(r)]
              for r in mine])
         lines.append('')
     reductions = saved['memory_reduction_vs_stock']
@@ -355,6 +398,7 @@ def main() -> None:
         write_outputs(read_json(osp.join(args.out, stem + '.json')), args.out)
         return
     args.script = osp.abspath(__file__)
+    args.commit = code_version()  # taken at the start: a commit landing meanwhile is not it
     sweep(args)
     print(open(osp.join(args.out, 'vit.md' if args.device == 'cpu' else 'vit_cuda.md')).read())
 

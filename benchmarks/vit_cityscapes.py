@@ -6,9 +6,11 @@ image (65,537 tokens) with the 19 classes.
 
 Each case runs in a fresh process: the segmentor built from its config with random weights (no
 download), one batch-1 image, ``EncoderDecoder.inference`` in eval mode without gradients (what
-``test.py`` runs, up to the logits at full resolution). One warm-up call, then one call timed and
-its peak memory above the baseline taken; a case predicted past the free memory is skipped and
-its prediction recorded. Results: benchmarks/results/vit_cityscapes.{json,md}; docs/vit.md.
+``test.py`` runs, up to the logits at full resolution), one call timed and its peak memory
+above the baseline taken (``--warmup`` calls before it; none by default, since every call takes
+minutes here, far more than one-time allocations); a case predicted past the free memory is
+skipped and its prediction recorded. Results: benchmarks/results/vit_cityscapes.{json,md};
+docs/vit.md.
 
     python benchmarks/vit_cityscapes.py                  # make vit-bench runs it after vit.py
     python benchmarks/vit_cityscapes.py --cases nala_whole nala_slide --out /tmp/x
@@ -30,6 +32,7 @@ from nala_mm.analysis.measure import (
     print_case_result,
     run_case,
 )
+from nala_mm.provenance import code_version
 
 from paths import REPO, RESULTS
 from report import (
@@ -119,8 +122,8 @@ def write_outputs(saved: dict, out: str) -> None:
     lines = [f"# SETR-Naive ViT-L: whole-image vs sliding-window inference ({saved['device']})",
              '', f"torch {saved['torch']}; one image, batch 1, random weights, "
              "`EncoderDecoder.inference` without gradients (logits at full resolution, 19 "
-             "classes); each case in its own process, one warm-up call, then one call timed and "
-             'its peak memory above the baseline taken.', '']
+             f"classes); each case in its own process, {saved.get('warmup', 0)} warm-up call(s), "
+             'then one call timed and its peak memory above the baseline taken.', '']
     lines += markdown_table(
         ['case', 'image', 'windows', 'tokens a pass', 'ms', 'peak MiB', 'time / stock slide',
          'memory / stock slide', 'note'],
@@ -137,6 +140,7 @@ def main() -> None:
     add_case_argument(parser)
     add_report_only_argument(parser, 'vit_cityscapes')
     parser.add_argument('--cases', nargs='+', choices=list(CASES), default=list(CASES))
+    parser.add_argument('--warmup', type=int, default=0, help='untimed calls before the one')
     parser.add_argument('--out', default=RESULTS)
     args = parser.parse_args()
     if args.case is not None:
@@ -148,7 +152,8 @@ def main() -> None:
     from tqdm import tqdm
 
     budget = available_mib('cpu') - SAFETY_MIB
-    saved = dict(device=device_name('cpu'), torch=torch.__version__, rows=[])
+    saved = dict(commit=code_version(), device=device_name('cpu'), torch=torch.__version__,
+                 warmup=args.warmup, rows=[])
     for name in (progress := tqdm(args.cases, desc='SETR')):
         progress.set_postfix_str(name)
         spec = CASES[name]
@@ -161,10 +166,9 @@ def main() -> None:
             row['skipped'] = (f'predicted {predicted_mib(name) / 1024:.1f} GiB of peak memory, '
                               f'over the {budget / 1024:.1f} GiB free')
         else:
-            # the 4096² pass alone takes minutes here: no warm-up call for it
             result = run_case(osp.abspath(__file__), dict(
-                name=name, warmup=0 if spec['size'][0] > 2048 else 1,
-                limit_mib=budget + 3072), memory=True, timeout=3600)
+                name=name, warmup=args.warmup, limit_mib=budget + 3072), memory=True,
+                timeout=3600)
             row.update(result)
         progress.write(f'{name}: {row}')
         saved['rows'].append(row)

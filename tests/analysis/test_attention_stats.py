@@ -379,3 +379,28 @@ def test_tool_end_to_end_on_the_demo_model(demo_model_checkpoint, tmp_path):
     figures = [p for n, p in pictures.items() if n != 'summary.png' and p.shape[1] == 1800]
     assert len(figures) == 2 and not np.array_equal(*figures)  # two NaLa layers, two pictures
     assert 'layers.0.blocks.0.attn' in proc.stdout and 'NormAwareLinearAttention' in proc.stdout
+
+
+@integration
+def test_tool_on_a_nala_vit_with_its_class_token(tmp_path):
+    """The long-range task's one-layer ViT with NaLa swapped in (a random checkpoint): the
+    layer's statistics count the class token as the one prefix token beside the 16 x 16 grid,
+    and the map of a query is the grid's."""
+    config = 'configs/longrange/ade20k_longrange_vit_nala.py'
+    torch.manual_seed(0)
+    model, _ = build_model_from_config(config)
+    model.init_weights()
+    checkpoint = tmp_path / 'vit.pth'
+    torch.save({'state_dict': model.state_dict()}, checkpoint)
+    image = tmp_path / 'image.png'
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (128, 128, 3), np.uint8)).save(image)
+    proc = run_tool(config, str(checkpoint), str(image), '--out-dir', str(tmp_path / 'out'),
+                    '--points', '100,20')
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    entry, = json.loads((tmp_path / 'out' / 'attention_stats.json').read_text())['layers']
+    assert (entry['layer'], entry['stage'], entry['grid']) == ('layers.0.attn.mixer', 0, [16, 16])
+    assert entry['prefix_tokens'] == 1 and entry['tokens'] == 257
+    assert entry['entropy_queries'] == 257 and entry['query_tokens'] == [[2, 12]]
+    assert 0 < entry['query_prefix_weights'][0] < 1
+    assert 0 < entry['prefix_row_entropy'] <= math.log(257)
+    assert entry['saturated_share'] is not None  # a NaLa layer: its exponent's saturation
