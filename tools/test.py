@@ -5,6 +5,7 @@
 import argparse
 import os
 
+import numpy as np
 from mmengine.config import Config, DictAction
 from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
@@ -105,8 +106,9 @@ def main() -> None:
         from mmdet.evaluation import DumpDetResults
         runner.test_evaluator.metrics.append(DumpDetResults(out_file_path=args.out))
     metrics = runner.test()
-    print('metrics: ' + ', '.join(f'{k}={v:.4f}' if isinstance(v, float) else f'{k}={v}'
-                                  for k, v in metrics.items()))
+    # mmseg's metrics are numpy float32 (54.56 would print as 54.560001373291016)
+    print('metrics: ' + ', '.join(f'{k}={float(v):.4f}' if isinstance(v, (float, np.floating))
+                                  else f'{k}={v}' for k, v in metrics.items()))
 
 
 if __name__ == '__main__':
