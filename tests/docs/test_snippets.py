@@ -49,9 +49,6 @@ KIND is one of:
 A block without a marker, with an unknown kind, or a ``skip`` without a reason fails
 ``test_every_code_block_is_classified``; so does a code block indented by four spaces (write it
 fenced, with a marker). Pages are found by globbing, so a new page is covered as it lands.
-
-``PENDING`` classifies blocks of pages whose owner has not marked them yet, keyed by the page and
-the block's first line; an entry must go once the page carries the marker (both at once fail).
 """
 import ast
 import contextlib
@@ -78,8 +75,6 @@ MARKER = re.compile(r'^<!--\s*snippet:\s*(?P<spec>.*?)\s*-->$')
 KINDS = re.compile(r'^(?:config on (?P<config_base>\S+)|config|backbone-args on (?P<args_base>\S+)'
                    r'|python(?: registers (?P<mixer>\w+))?|shell|usage|skip \((?P<reason>.+)\))$')
 DEMO_SEG = 'configs/demo/ade20k_demo_nala_upernet.py'
-# (page, first line of the block) -> its marker, for pages whose owner marks them later
-PENDING: Dict[tuple, str] = {}
 STEP_SIZE = (128, 128)
 
 
@@ -88,7 +83,7 @@ class Block:
     page: str
     line: int  # of the opening fence, 1-based
     text: str
-    spec: Optional[str]  # the marker's text after 'snippet:', or PENDING's
+    spec: Optional[str]  # the marker's text after 'snippet:'
     problem: Optional[str] = None
 
     @property
@@ -125,12 +120,8 @@ def read_blocks(page: str) -> List[Block]:
             before = next((lines[j].strip() for j in range(start - 1, -1, -1)
                            if lines[j].strip()), '')
             marker = MARKER.match(before)
-            first = next((b.strip() for b in body if b.strip()), '')
-            pending = PENDING.get((page, first))
-            block = Block(page, start + 1, text, marker.group('spec') if marker else pending)
-            if marker and pending:
-                block.problem = 'is marked in the page and listed in PENDING: remove the entry'
-            elif block.spec is None:
+            block = Block(page, start + 1, text, marker.group('spec') if marker else None)
+            if block.spec is None:
                 block.problem = 'has no <!-- snippet: KIND --> marker before its fence'
             elif not block.kind:
                 block.problem = f'has an unknown marker {block.spec!r}'
@@ -155,10 +146,6 @@ def blocks_of(*kinds: str) -> List[Block]:
 
 def test_every_code_block_is_classified():
     problems = [f'{b.id} {b.problem}' for b in ALL_BLOCKS if b.problem]
-    stale = [key for key in PENDING if not any(
-        b.page == key[0] and b.text.strip().splitlines()[0].strip() == key[1] for b in ALL_BLOCKS
-        if b.text.strip())]
-    problems += [f'PENDING entry {key} matches no block (remove it)' for key in stale]
     assert not problems, 'code blocks the tests cannot place:\n  ' + '\n  '.join(problems)
 
 
