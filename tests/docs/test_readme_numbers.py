@@ -462,6 +462,20 @@ def linearize_choices() -> Quotes:
               f'{miou(*best) - miou(*best, 3e-4):.1f} less)')]}
 
 
+def linearize_iterations() -> Quotes:
+    saved = load('linearize_iterations.json')
+    by = {s['iters']: s for s in saved['summary']}
+    assert by[200]['over_teacher'] < 0.9 <= by[800]['over_teacher']  # '800 or more' for a ViT
+
+    def pct(iters):
+        return f"{100 * by[iters]['over_teacher']:.1f} %"
+    return {'docs/linearize.md': verbatim('linearize_iterations.md') + [
+        Quote(f"(mIoU {saved['teacher']['teacher_mIoU']:.2f}: a second training run"),
+        Quote(f'stop short on this teacher too ({pct(200)}); 800 reach {pct(800)} of the '
+              f"teacher's mIoU and 2,000 reach {pct(2000)}, in {by[2000]['seconds']:.1f} s of "
+              'transfer')]}
+
+
 def linearize() -> Quotes:
     saved = load('linearize.json')
     quotes = []
@@ -512,7 +526,7 @@ def linearize() -> Quotes:
 
 QUOTES: Dict[str, Callable[[], Quotes]] = {
     'vit.json': vit, 'vit_cityscapes.json': vit_cityscapes, 'linearize.json': linearize,
-    'linearize_choices.json': linearize_choices,
+    'linearize_choices.json': linearize_choices, 'linearize_iterations.json': linearize_iterations,
     'swap.json': swap, 'swap_finetune.json': swap_finetune,
     'demo_seg.json': demo_seg, 'demo_det.json': demo_det, 'out_norm_study.json': out_norm_study,
     'ablation.json': ablation, 'flops_variants.md': flops_variants, 'attention.json': attention,
