@@ -5,7 +5,7 @@ export PYTHONUNBUFFERED := 1
 
 .PHONY: setup lint test test-unit test-extended test-e2e demo demo-det bench ablation \
 	out-norm-study swap-bench swap-study vit-bench linearize linearize-choices longrange-data \
-	longrange clean-demo
+	longrange clean-demo docs
 
 setup:
 	@bash tools/setup_env.sh
@@ -38,6 +38,11 @@ demo: setup
 # COCO-format synthetic instances -> Mask R-CNN + NaLaFormer -> bbox/segm AP.
 demo-det: setup
 	$(PY) tools/demo.py det
+
+# Every marked figure of README.md and docs/ written from its results file (tools/render_docs.py);
+# the test suite fails on a figure that differs, so run this after re-measuring.
+docs:
+	python3 tools/render_docs.py
 
 bench: setup
 	$(PY) benchmarks/attention.py
