@@ -168,9 +168,8 @@ setup(
     url='https://github.com/ZacharyMeng/NaLaFormer',
     packages=find_packages(include=['nala_mm', 'nala_mm.*']),
     python_requires='>=3.9',
-    # Compatible ranges: an existing OpenMMLab environment keeps its versions. Tested (what
-    # `make setup` installs, pinned in tools/setup_env.sh): torch 2.13.0, mmengine 0.10.7, mmcv
-    # 2.1.0, mmsegmentation 1.2.2, mmdet 3.3.0. nala_mm.compat adapts private internals of the
+    # Compatible ranges: an existing OpenMMLab environment keeps its versions. Tested: what
+    # `make setup` installs, requirements/tested.txt. nala_mm.compat adapts private internals of the
     # mmengine 0.10, mmseg 1.2 and mmdet 3.3 lines, hence the lower bounds.
     # mmcv is deliberately not listed: pip would build it from source *without* its compiled
     # ops (RoIAlign, NMS), and mmseg 1.2 / mmdet 3.3 accept only mmcv < 2.2. Install mmcv 2.1

@@ -46,6 +46,7 @@ from statistics import mean, stdev
 from typing import Dict, List, Optional
 
 from nala_mm.analysis.measure import error_of
+from nala_mm.models import DEFAULT_HYBRID
 from nala_mm.provenance import code_version
 
 from paths import REPO, RESULTS
@@ -64,7 +65,6 @@ from runs import DEMO, schedule, small_swin_config, tool_env, train_config
 
 VIT_STOCK = osp.join(REPO, 'configs', 'longrange', 'ade20k_longrange_vit.py')
 VIT_NALA = osp.join(REPO, 'configs', 'longrange', 'ade20k_longrange_vit_nala.py')
-S12 = ('nala', 'nala', 'softmax', 'softmax')
 REQUIRED_GAP = 15.0  # mIoU by which softmax must beat the control (as the long-range task)
 # finetune_lr: a tenth of the rate each teacher was trained at, as a trained model is fine-tuned
 # (at the training rate, every arm first loses what it started with, and the starts no longer
@@ -85,7 +85,8 @@ def config_text(teacher: str, arm: str, seed: int, iters: int, load_from=None,
     recipe's learning rate (fine-tuning)."""
     rate = '' if lr is None else f'optim_wrapper = dict(optimizer=dict(lr={lr!r}))\n'
     if teacher == 'swin':
-        return small_swin_config(('softmax',) * 4 if arm == 'softmax' else S12, seed, iters,
+        mixers = ('softmax',) * 4 if arm == 'softmax' else DEFAULT_HYBRID
+        return small_swin_config(mixers, seed, iters,
                                  load_from, val_every) + rate
     base = VIT_STOCK if arm == 'softmax' else VIT_NALA
     text = f'_base_ = [{base!r}]\n'
@@ -120,8 +121,8 @@ def linearize(config: str, checkpoint: str, out: str, iters: int, seed: int,
     return report
 
 
-def curve(records: List[dict], every: int) -> List[float]:
-    """The mIoU at each evaluation of a fine-tuning run (every ``every`` iterations)."""
+def curve(records: List[dict]) -> List[float]:
+    """The mIoU at each evaluation of a run, in order."""
     return [r['mIoU'] for r in records if 'mIoU' in r]
 
 
@@ -161,10 +162,10 @@ def train_teacher(teacher: str, spec: dict, root: str) -> dict:
         run_control = finished(train_config(config_text(
             'vit', 'control', 0, iters, mixer=dict(type='IdentityAttention')), 'control', root),
             'training the control')
-        result['control_mIoU'] = curve(run_control['records'], iters)[-1]
+        result['control_mIoU'] = curve(run_control['records'])[-1]
     pretrain = finished(train_config(config_text(teacher, 'softmax', 0, iters), 'teacher', root),
                         'training the teacher')
-    result.update(teacher_mIoU=curve(pretrain['records'], iters)[-1],
+    result.update(teacher_mIoU=curve(pretrain['records'])[-1],
                   teacher_seconds=pretrain['wall_seconds'],
                   checkpoint=osp.join(root, 'teacher', f'iter_{iters}.pth'))
     if teacher == 'vit':
@@ -192,7 +193,7 @@ def one_seed(teacher: str, spec: dict, seed: int, start: dict, root: str) -> dic
         result = finished(train_config(
             config_text(teacher, arm, seed, n, load, val_every=every, lr=spec['finetune_lr']),
             f'{arm}_finetune_seed{seed}', root), f'fine-tuning {arm}')
-        out[f'{arm}_curve'] = curve(result['records'], every)
+        out[f'{arm}_curve'] = curve(result['records'])
         out[f'{arm}_seconds'] = result['wall_seconds']
     for arm in ('plain', 'transfer'):
         del out[f'{arm}_checkpoint']

@@ -22,28 +22,28 @@ import torch
 from torch import nn
 
 from nala_mm.analysis.measure import add_case_argument, device_name, print_case_result
+from nala_mm.models import DEFAULT_HYBRID
 
 from paths import RESULTS
 from report import fmt, markdown_table, read_json, write_json, write_markdown
 from sweep import run_cases, sweep_case, sweep_plot
 
-NALA_12 = ('nala', 'nala', 'softmax', 'softmax')
 SWIN_T = dict(embed_dims=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24), window_size=7)
 B0 = dict(embed_dims=32, num_layers=[2, 2, 2, 2], num_heads=[1, 2, 5, 8])
 # family -> its models, the stock parent first (the reference of the family's ratios)
 FAMILIES: Dict[str, Dict[str, dict]] = {
     'swin': {
         'swin_t': dict(label='Swin-T (stock, windowed softmax)', mixers=None),
-        'swin_t_nala12': dict(label='Swin-T, NaLa in stages 1-2', mixers=NALA_12),
+        'swin_t_nala12': dict(label='Swin-T, NaLa in stages 1-2', mixers=DEFAULT_HYBRID),
         'swin_t_nala_all': dict(label='Swin-T, NaLa in all stages', mixers=('nala',) * 4),
     },
     'mit': {
         'mit_b0': dict(label='MiT-B0 (stock, spatial-reduction softmax)', mixers=None),
-        'mit_b0_nala12': dict(label='MiT-B0, NaLa in stages 1-2', mixers=NALA_12),
+        'mit_b0_nala12': dict(label='MiT-B0, NaLa in stages 1-2', mixers=DEFAULT_HYBRID),
     },
     'pvt': {
         'pvtv2_b0': dict(label='PVTv2-B0 (stock, spatial-reduction softmax)', mixers=None),
-        'pvtv2_b0_nala12': dict(label='PVTv2-B0, NaLa in stages 1-2', mixers=NALA_12),
+        'pvtv2_b0_nala12': dict(label='PVTv2-B0, NaLa in stages 1-2', mixers=DEFAULT_HYBRID),
     },
 }
 MODELS = {name: dict(spec, family=family) for family, models in FAMILIES.items()

@@ -25,6 +25,7 @@ from statistics import mean, stdev
 from typing import Dict, List
 
 from nala_mm.analysis.measure import error_of
+from nala_mm.models import DEFAULT_HYBRID
 
 from paths import REPO, RESULTS
 from report import (
@@ -43,7 +44,7 @@ from runs import DEMO, SMALL_SWIN, small_swin_config, tool_env, train_config
 ARMS = {
     'softmax': dict(label='Swin, softmax continued', mixers=('softmax',) * 4),
     'nala': dict(label='Swin, stages 1-2 swapped to NaLa and fine-tuned',
-                 mixers=('nala', 'nala', 'softmax', 'softmax')),
+                 mixers=DEFAULT_HYBRID),
 }
 
 

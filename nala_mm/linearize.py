@@ -21,10 +21,8 @@ What a swapped block is trained to reproduce, and how (:class:`TransferOptions`)
   relative error, so blocks of every scale weigh alike), Adam at ``lr``, no weight decay.
 
 The defaults are what ``benchmarks/linearize.py --choices`` measured on a small Swin
-(benchmarks/results/linearize_choices.md, docs/linearize.md): the block's output as the target
-and the student in sequence; every mixer parameter (the carried q/k/v move too: about 1 mIoU
-more than training only the new parts, at every target and input); lr 1e-3 (3e-3 gave the same
-zero-shot mIoU within 0.1, 3e-4 0.8 less).
+(docs/linearize.md, "The choices, measured"): the block's output as the target, the student in
+sequence, every mixer parameter (the carried q/k/v move too) and lr 1e-3.
 """
 import time
 from contextlib import contextmanager
@@ -233,7 +231,7 @@ def attention_transfer(teacher: nn.Module, student: SwappedAttentionMixin,
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
-        losses.append(float(loss))
+        losses.append(loss.item())
         if bar is not None:
             bar.update()
     if bar is not None:

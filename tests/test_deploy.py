@@ -23,7 +23,13 @@ from nala_mm.deploy import (
     make_exportable,
     ort_session,
 )
-from nala_mm.models import LinearAttention, NaLaFormer, NormAwareLinearAttention, SoftmaxAttention
+from nala_mm.models import (
+    DEFAULT_HYBRID,
+    LinearAttention,
+    NaLaFormer,
+    NormAwareLinearAttention,
+    SoftmaxAttention,
+)
 from nala_mm.ops import is_exporting
 from tests.helpers import REPO, rel_err, tool_env
 from tests.helpers import TINY_ARCH as TINY
@@ -31,7 +37,7 @@ from tests.helpers import TINY_ARCH as TINY
 SEG_DEMO = osp.join(REPO, 'configs', 'demo', 'ade20k_demo_nala_upernet.py')
 DET_DEMO = osp.join(REPO, 'configs', 'demo', 'coco_demo_nala_mask-rcnn.py')
 FPN_T = osp.join(REPO, 'configs', 'ade20k_nala-t_fpn.py')
-HYBRID, ALL_LINEAR = ('nala', 'nala', 'softmax', 'softmax'), ('nala',) * 4
+ALL_LINEAR = ('nala',) * 4
 TOLERANCE = DEFAULT_TOLERANCE  # the tool's acceptance threshold (relative L2)
 integration = pytest.mark.integration  # starts processes
 
@@ -91,7 +97,7 @@ def custom_autograd_nodes(outputs) -> set:
 
 # ----------------------------------------------------------------------------- the export path
 @pytest.mark.parametrize('kernel', ['cosine', 'relu'])
-@pytest.mark.parametrize('pattern', [HYBRID, ALL_LINEAR], ids=['hybrid', 'all-linear'])
+@pytest.mark.parametrize('pattern', [DEFAULT_HYBRID, ALL_LINEAR], ids=['hybrid', 'all-linear'])
 def test_backbone_on_the_export_path_matches_the_fast_path(kernel, pattern, monkeypatch):
     torch.manual_seed(0)
     nala = dict(type='NormAwareLinearAttention', kernel=kernel)

@@ -20,6 +20,7 @@ from mmengine.registry import init_default_scope
 
 from nala_mm.config_loading import load_config
 from nala_mm.models import (
+    DEFAULT_HYBRID,
     GatedAttention,
     IdentityAttention,
     LinearAttention,
@@ -101,7 +102,7 @@ def _swapped():
         NaLaVisionTransformer,
         SegNaLaSwinTransformer,
     )
-    hybrid = ('nala', 'nala', 'softmax', 'softmax')
+    hybrid = DEFAULT_HYBRID
     return {
         'swin': lambda: SegNaLaSwinTransformer(mixers=hybrid, embed_dims=32, depths=(2, 2, 2, 2),
                                                num_heads=(1, 2, 4, 8), window_size=7),

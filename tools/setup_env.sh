@@ -2,8 +2,9 @@
 # One-command environment for nala-mm: a .venv with the pinned OpenMMLab stack and an mmcv
 # that really has its compiled ops. Idempotent: a second run only verifies.
 #
-#   NALA_TORCH   pip requirement(s) for torch (default "torch==2.13.0", the CPU build here).
-#                GPU users: NALA_TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu126"
+# The versions are requirements/tested.txt's.
+#   NALA_TORCH   pip requirement(s) for torch (default: the tested pin, the CPU build here).
+#                GPU users: NALA_TORCH="torch==<tested> --index-url https://download.pytorch.org/whl/cu126"
 #   FORCE_CUDA   1: build mmcv's CUDA kernels (needs a CUDA toolkit matching torch on the PATH);
 #                an installed mmcv without them is rebuilt
 #   NALA_VENV    where the environment lives (default .venv)
@@ -12,11 +13,13 @@ set -euo pipefail
 
 cd "$(dirname "$0")/.."
 VENV=${NALA_VENV:-.venv}
-TORCH_SPEC=${NALA_TORCH:-torch==2.13.0}
+# the tested pin of a package, e.g. `pin mmcv` -> mmcv==2.1.0
+pin() { grep -E "^$1==" requirements/tested.txt; }
+TORCH_SPEC=${NALA_TORCH:-$(pin torch)}
 PY=${PYTHON:-python3}
 STAMP="$VENV/.nala-setup-done"
 # The stamp records what was installed; a changed spec or setup.py triggers a refresh.
-WANT="torch=[$TORCH_SPEC] cuda=${FORCE_CUDA:-0} setup=$(sha1sum setup.py tools/setup_env.sh | sha1sum | cut -c1-12)"
+WANT="torch=[$TORCH_SPEC] cuda=${FORCE_CUDA:-0} setup=$(sha1sum setup.py tools/setup_env.sh requirements/tested.txt | sha1sum | cut -c1-12)"
 
 log() { printf '[setup] %s\n' "$*"; }
 
@@ -38,7 +41,7 @@ $PIP install -q $TORCH_SPEC
 # setuptools >= 82 drops pkg_resources: both the mmcv build and mmseg:: config inheritance need it.
 $PIP install -q "setuptools>=77,<82" wheel ninja "numpy<2.3"
 
-have_mmcv_ops() { "$VENV/bin/python" -c "import mmcv, mmcv.ops; assert mmcv.__version__ == '2.1.0'" 2>/dev/null; }
+have_mmcv_ops() { "$VENV/bin/python" -c "import mmcv, mmcv.ops; assert mmcv.__version__ == '$(pin mmcv | cut -d= -f3)'" 2>/dev/null; }
 # 'not available': the ops were compiled without CUDA kernels (a CPU build)
 mmcv_cuda() { "$VENV/bin/python" -c "from mmcv.ops import get_compiling_cuda_version as v; print(v())" 2>/dev/null || true; }
 if [ "${FORCE_CUDA:-0}" = 1 ] && have_mmcv_ops && [ "$(mmcv_cuda)" = "not available" ]; then
@@ -48,12 +51,12 @@ if [ "${FORCE_CUDA:-0}" = 1 ] && have_mmcv_ops && [ "$(mmcv_cuda)" = "not availa
   "$VENV/bin/python" -m pip cache remove mmcv >/dev/null 2>&1 || true
 fi
 if ! have_mmcv_ops; then
-  log "building mmcv 2.1.0 with compiled ops (10-20 minutes on 2 cores, once per machine;"
+  log "building $(pin mmcv) with compiled ops (10-20 minutes on 2 cores, once per machine;"
   log "pip caches the wheel afterwards). Build log: $VENV/mmcv-build.log"
   "$VENV/bin/python" -m pip uninstall -y -q mmcv mmcv-lite >/dev/null 2>&1 || true
   # Plain `pip install mmcv` silently builds without ops; MMCV_WITH_OPS=1 forces them.
   # --no-build-isolation builds against the torch installed above (the ops link to it).
-  ( MMCV_WITH_OPS=1 MAX_JOBS=${MAX_JOBS:-2} $PIP install -v --no-build-isolation mmcv==2.1.0 \
+  ( MMCV_WITH_OPS=1 MAX_JOBS=${MAX_JOBS:-2} $PIP install -v --no-build-isolation "$(pin mmcv)" \
       >"$VENV/mmcv-build.log" 2>&1; echo $? >"$VENV/mmcv-build.rc" ) &
   build=$!
   start=$(date +%s)
@@ -72,7 +75,7 @@ if ! have_mmcv_ops; then
 fi
 
 log "installing mmengine, mmsegmentation, mmdet and test tools"
-$PIP install -q "mmengine==0.10.7" "mmsegmentation==1.2.2" "mmdet==3.3.0" einops ftfy regex \
+$PIP install -q "$(pin mmengine)" "$(pin mmsegmentation)" "$(pin mmdet)" einops ftfy regex \
   pycocotools pytest hypothesis matplotlib tqdm onnx onnxruntime onnxscript "ruff==0.17.6" build
 # openmim (for `mim train mmseg ...`) pulls openxlab, which pins setuptools 60; its runtime
 # needs are listed explicitly instead.

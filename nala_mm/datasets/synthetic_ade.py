@@ -20,6 +20,7 @@ import os
 from typing import Callable, Dict, List, Tuple
 
 import numpy as np
+from mmseg.datasets import ADE20KDataset
 from PIL import Image
 from tqdm import tqdm
 
@@ -36,33 +37,9 @@ from .synthetic_common import (
     write_stamp,
 )
 
-# The 150 ADE20K classes in official order, spelled exactly as
-# mmseg.datasets.ADE20KDataset.METAINFO['classes'] spells them -- including the
-# trailing space in 'bed ', because metainfo class subsets are matched by name.
-ADE_CLASS_NAMES: Tuple[str, ...] = (
-    'wall', 'building', 'sky', 'floor', 'tree', 'ceiling', 'road', 'bed ',
-    'windowpane', 'grass', 'cabinet', 'sidewalk', 'person', 'earth', 'door',
-    'table', 'mountain', 'plant', 'curtain', 'chair', 'car', 'water',
-    'painting', 'sofa', 'shelf', 'house', 'sea', 'mirror', 'rug', 'field',
-    'armchair', 'seat', 'fence', 'desk', 'rock', 'wardrobe', 'lamp',
-    'bathtub', 'railing', 'cushion', 'base', 'box', 'column', 'signboard',
-    'chest of drawers', 'counter', 'sand', 'sink', 'skyscraper', 'fireplace',
-    'refrigerator', 'grandstand', 'path', 'stairs', 'runway', 'case',
-    'pool table', 'pillow', 'screen door', 'stairway', 'river', 'bridge',
-    'bookcase', 'blind', 'coffee table', 'toilet', 'flower', 'book', 'hill',
-    'bench', 'countertop', 'stove', 'palm', 'kitchen island', 'computer',
-    'swivel chair', 'boat', 'bar', 'arcade machine', 'hovel', 'bus', 'towel',
-    'light', 'truck', 'tower', 'chandelier', 'awning', 'streetlight', 'booth',
-    'television receiver', 'airplane', 'dirt track', 'apparel', 'pole',
-    'land', 'bannister', 'escalator', 'ottoman', 'bottle', 'buffet', 'poster',
-    'stage', 'van', 'ship', 'fountain', 'conveyer belt', 'canopy', 'washer',
-    'plaything', 'swimming pool', 'stool', 'barrel', 'basket', 'waterfall',
-    'tent', 'bag', 'minibike', 'cradle', 'oven', 'ball', 'food', 'step',
-    'tank', 'trade name', 'microwave', 'pot', 'animal', 'bicycle', 'lake',
-    'dishwasher', 'screen', 'blanket', 'sculpture', 'hood', 'sconce', 'vase',
-    'traffic light', 'tray', 'ashcan', 'fan', 'pier', 'crt screen', 'plate',
-    'monitor', 'bulletin board', 'shower', 'radiator', 'glass', 'clock',
-    'flag')
+# The 150 ADE20K classes in official order, as mmseg spells them (a trailing space in 'bed ':
+# metainfo class subsets are matched by name).
+ADE_CLASS_NAMES: Tuple[str, ...] = tuple(ADE20KDataset.METAINFO['classes'])
 
 # Ordered as in ADE20K so a metainfo subset keeps the same class order.
 DEMO_CLASSES: Tuple[str, ...] = ('wall', 'floor', 'windowpane', 'plant', 'painting', 'lamp')

@@ -18,6 +18,7 @@ import os
 from typing import Dict, List, Tuple
 
 import numpy as np
+from mmseg.datasets import CityscapesDataset
 from PIL import Image
 from tqdm import tqdm
 
@@ -32,11 +33,8 @@ from .synthetic_common import (
     write_stamp,
 )
 
-# mmseg.datasets.CityscapesDataset.METAINFO['classes'], in train-ID order
-CITYSCAPES_CLASSES: Tuple[str, ...] = (
-    'road', 'sidewalk', 'building', 'wall', 'fence', 'pole', 'traffic light', 'traffic sign',
-    'vegetation', 'terrain', 'sky', 'person', 'rider', 'car', 'truck', 'bus', 'train',
-    'motorcycle', 'bicycle')
+# in train-ID order
+CITYSCAPES_CLASSES: Tuple[str, ...] = tuple(CityscapesDataset.METAINFO['classes'])
 TRAIN_ID = {name: i for i, name in enumerate(CITYSCAPES_CLASSES)}
 IGNORE = 255
 # the classes the scenes draw (a subset, as a small real crop would hold)

@@ -253,7 +253,7 @@ class NaLaFormer(BaseModule):
                  mixers: Sequence[MixerEntry] = DEFAULT_HYBRID,
                  in_channels: int = 3,
                  out_indices: Sequence[int] = (0, 1, 2, 3),
-                 out_norm_cfg: Optional[dict] = dict(type='LN', eps=1e-6),
+                 out_norm_cfg: Optional[dict] = DEFAULT_OUT_NORM_CFG,
                  drop_path_rate: Optional[float] = None, frozen_stages: int = -1,
                  norm_eval: bool = False, with_cp: bool = False,
                  norm_cfg: dict = dict(type='BN', requires_grad=True),

@@ -1,8 +1,9 @@
 """The authors' ImageNet checkpoints as data, and the one filter that fits a checkpoint to the
 backbone.
 
-:data:`PRETRAINED` says, per variant, where the configs expect the authors' file and how it is
-laid out (docs/method.md, "Authors' checkpoints"). :func:`checkpoint_filter` is a pure
+:data:`PRETRAINED` says, per variant, how the authors' file is laid out (docs/method.md,
+"Authors' checkpoints"); where the configs expect it is ``configs/_base_/nala_pretrained.py``'s.
+:func:`checkpoint_filter` is a pure
 function ``(checkpoint, model) -> state_dict``: it accepts the authors' DeiT-style files, the
 converted ones and whole-model training checkpoints, and refuses, listing every problem, any
 checkpoint that would leave backbone tensors unloaded or whose stored RoPE frequencies are not the
@@ -14,13 +15,14 @@ import os.path as osp
 import re
 from collections import Counter
 from dataclasses import dataclass
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Sequence, Tuple
 
 from mmengine.logging import print_log
 from mmengine.runner.checkpoint import CheckpointLoader
 from torch import Tensor, nn
 
 from ..ops import rope_angle_buffer
+from .mixer_specs import DEFAULT_HYBRID
 from .mixers import NormAwareLinearAttention
 from .state_dicts import backbone_state_dict
 
@@ -30,8 +32,6 @@ class AuthorsCheckpoint:
     """One of the authors' ImageNet-1K classification checkpoints.
 
     Attributes:
-        file: where the configs expect it (``configs/_base_/nala_pretrained.py`` lists the same
-            paths; a test keeps the two equal).
         trained_kernel: the NaLa kernel the weights were trained with: the released code's
             ReLU split, not the paper's cosine inhibit (docs/method.md, "Paper vs released
             code").
@@ -40,10 +40,9 @@ class AuthorsCheckpoint:
         mixers: the stages' token mixers the weights were trained with, as ``mixers`` entries;
             ``'nala'`` stands for NaLa with ``trained_kernel``.
     """
-    file: Optional[str]
     trained_kernel: str = 'relu'
     tail_prefixes: Tuple[str, ...] = ('proj.', 'norm.', 'head.')
-    mixers: Tuple[str, ...] = ('nala', 'nala', 'softmax', 'softmax')
+    mixers: Tuple[str, ...] = DEFAULT_HYBRID
 
     def trained_mixers(self) -> tuple:
         """``mixers`` for :class:`~nala_mm.models.NaLaFormer` that run the released model."""
@@ -51,16 +50,11 @@ class AuthorsCheckpoint:
         return tuple(dict(nala) if entry == 'nala' else entry for entry in self.mixers)
 
 
-# One entry per variant of nala_mm.models.nalaformer.ARCH_SETTINGS.
-PRETRAINED: Dict[str, AuthorsCheckpoint] = {
-    'xt': AuthorsCheckpoint('checkpoints/nalaformer_xt.pth'),
-    't': AuthorsCheckpoint('checkpoints/nalaformer_t.pth'),
-    's': AuthorsCheckpoint('checkpoints/nalaformer_s.pth'),
-    'b': AuthorsCheckpoint('checkpoints/nalaformer_b.pth'),
-    'l': AuthorsCheckpoint('checkpoints/nalaformer_l.pth'),
-}
-# The layout shared by every released file, for backbones built from an explicit arch dict.
-RELEASED_LAYOUT = AuthorsCheckpoint(file=None)
+# One entry per variant of nala_mm.models.nalaformer.ARCH_SETTINGS: the released files share
+# one layout. Also the layout of a backbone built from an explicit arch dict.
+RELEASED_LAYOUT = AuthorsCheckpoint()
+PRETRAINED: Dict[str, AuthorsCheckpoint] = dict.fromkeys(('xt', 't', 's', 'b', 'l'),
+                                                        RELEASED_LAYOUT)
 
 # The released model's per-stage RoPE frequencies (a buffer). The backbone rebuilds its tables
 # from the input size, so these are not loaded, but they are checked against what it rebuilds.

@@ -12,7 +12,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from nala_mm.analysis import KERNELIZED_OP, build_flop_analyzer, count_flops
-from nala_mm.models import NaLaFormer, NormAwareLinearAttention, SoftmaxAttention
+from nala_mm.models import DEFAULT_HYBRID, NaLaFormer, NormAwareLinearAttention, SoftmaxAttention
 from nala_mm.ops import NaLaConfig, nala_attention_reference, rope_table
 from tests.helpers import REPO, tool_env
 from tests.reference.released_nalaformer import CLASSIFICATION_TAIL, VARIANTS, released_variant
@@ -243,7 +243,7 @@ def backbone_flops(dims, depths, heads, mlp_ratio, nala_stages, height, width,
     return count
 
 
-@pytest.mark.parametrize('mixers', [('nala', 'nala', 'softmax', 'softmax'),
+@pytest.mark.parametrize('mixers', [DEFAULT_HYBRID,
                                     ('softmax', 'nala', 'nala', 'nala')])
 def test_backbone_count_is_the_sum_of_its_layers(mixers):
     arch = dict(embed_dims=(16, 32, 48, 64), depths=(1, 2, 1, 1), num_heads=(1, 2, 4, 4),
@@ -333,7 +333,7 @@ def test_swapped_stock_backbone_counts_its_nala_stages():
     NaLa node's matmul work is 4*N*d^2 + 2*N*d per head and block (docs/method.md, 'Cost'), and
     the stock stages' attention still counts (bmm)."""
     from nala_mm.models.swap import NaLaMixVisionTransformer
-    model = NaLaMixVisionTransformer(mixers=('nala', 'nala', 'softmax', 'softmax'),
+    model = NaLaMixVisionTransformer(mixers=DEFAULT_HYBRID,
                                      embed_dims=32, num_layers=[2, 2, 2, 2],
                                      num_heads=[1, 2, 5, 8]).eval()
     count = count_flops(model, (torch.randn(1, 3, 64, 64),))

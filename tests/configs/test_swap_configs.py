@@ -11,6 +11,7 @@ from mmengine.optim import build_optim_wrapper
 from mmengine.registry import init_default_scope
 from mmengine.runner import Runner
 
+from nala_mm.models import DEFAULT_HYBRID
 from nala_mm.models.swap import (
     DetNaLaSwinTransformer,
     NaLaMixVisionTransformer,
@@ -21,7 +22,6 @@ from nala_mm.models.swap import (
 from tests.helpers import REPO
 
 SWAP = REPO / 'configs' / 'swap'
-S12 = ('nala',) * 2 + ('softmax',) * 2
 
 
 class Swap(NamedTuple):
@@ -34,18 +34,20 @@ class Swap(NamedTuple):
 
 EXPECTED = {
     'ade20k_swin-t_upernet_nala-s12.py': Swap(
-        SegNaLaSwinTransformer, S12,
+        SegNaLaSwinTransformer, DEFAULT_HYBRID,
         'mmseg::swin/swin-tiny-patch4-window7-in1k-pre_upernet_8xb2-160k_ade20k-512x512.py'),
     'ade20k_swin-t_upernet_nala-all.py': Swap(
         SegNaLaSwinTransformer, ('nala',) * 4,
         'mmseg::swin/swin-tiny-patch4-window7-in1k-pre_upernet_8xb2-160k_ade20k-512x512.py'),
     'ade20k_segformer_mit-b0_nala-s12.py': Swap(
-        NaLaMixVisionTransformer, S12,
+        NaLaMixVisionTransformer, DEFAULT_HYBRID,
         'mmseg::segformer/segformer_mit-b0_8xb2-160k_ade20k-512x512.py'),
     'coco_swin-t_mask-rcnn_1x_nala-s12.py': Swap(
-        DetNaLaSwinTransformer, S12, 'mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_1x_coco.py'),
+        DetNaLaSwinTransformer, DEFAULT_HYBRID,
+        'mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_1x_coco.py'),
     'coco_pvtv2-b0_retinanet_1x_nala-s12.py': Swap(
-        NaLaPyramidVisionTransformerV2, S12, 'mmdet::pvt/retinanet_pvtv2-b0_fpn_1x_coco.py'),
+        NaLaPyramidVisionTransformerV2, DEFAULT_HYBRID,
+        'mmdet::pvt/retinanet_pvtv2-b0_fpn_1x_coco.py'),
     'ade20k_deit-s_upernet_nala-all.py': Swap(
         NaLaVisionTransformer, ('nala',) * 12,
         'mmseg::vit/vit_deit-s16_upernet_8xb2-160k_ade20k-512x512.py'),

@@ -7,7 +7,7 @@ import os.path as osp
 import pytest
 import torch
 
-from nala_mm.models import NaLaFormer
+from nala_mm.models import DEFAULT_HYBRID, NaLaFormer
 from tests.helpers import REPO, rel_err
 from tests.helpers import TINY_ARCH as TINY
 from tests.reference.released_nalaformer import (
@@ -143,7 +143,7 @@ def test_a_state_dict_of_the_earlier_layout_loads_strictly_and_computes_the_same
     off its initial value, and all values are float16-representable, so the file stores them as
     float16 exactly."""
     saved = torch.load(V0_CHECKPOINT, weights_only=True)
-    model = NaLaFormer(arch=V0_ARCH, mixers=('nala', 'nala', 'softmax', 'softmax')).eval()
+    model = NaLaFormer(arch=V0_ARCH, mixers=DEFAULT_HYBRID).eval()
     model.load_state_dict(saved['state_dict'], strict=True)
     with torch.no_grad():
         outs = model(saved['input'].float())

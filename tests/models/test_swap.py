@@ -11,6 +11,7 @@ from mmseg.models.backbones import MixVisionTransformer
 from mmseg.models.backbones import SwinTransformer as SegSwinTransformer
 from mmseg.registry import MODELS as SEG_MODELS
 
+from nala_mm.models import DEFAULT_HYBRID
 from nala_mm.models.swap import (
     DetNaLaSwinTransformer,
     NaLaMixVisionTransformer,
@@ -18,7 +19,6 @@ from nala_mm.models.swap import (
     SegNaLaSwinTransformer,
 )
 
-HYBRID = ('nala', 'nala', 'softmax', 'softmax')
 SWIN_ARGS = dict(embed_dims=32, depths=(2, 2, 2, 2), num_heads=(1, 2, 4, 8), window_size=7)
 MIT_ARGS = dict(embed_dims=32, num_layers=[2, 2, 2, 2], num_heads=[1, 2, 5, 8])
 # written out from mmseg's WindowMSA and mmcv's MultiheadAttention (not from the package):
@@ -108,7 +108,7 @@ def test_stock_checkpoint_carries_into_the_swapped_stages(name, tmp_path, caplog
     host = HOSTS[name]
     stock = stock_model(host)
     path = save_stock(stock, str(tmp_path / 'stock.pth'))
-    swapped = host.swapped(mixers=HYBRID, init_cfg=dict(type='Pretrained', checkpoint=path),
+    swapped = host.swapped(mixers=DEFAULT_HYBRID, init_cfg=dict(type='Pretrained', checkpoint=path),
                            **host.kwargs)
     swapped.init_weights()
     stock_state, state = stock.state_dict(), swapped.state_dict()
@@ -165,7 +165,7 @@ def _source(host: Host, marker: str, kind: str) -> str:
 @pytest.mark.parametrize('size', [(224, 224), (200, 296)])
 def test_swapped_forward_and_backward_are_finite(name, size):
     host = HOSTS[name]
-    model = host.swapped(mixers=HYBRID, **host.kwargs)
+    model = host.swapped(mixers=DEFAULT_HYBRID, **host.kwargs)
     model.init_weights()
     model.train()
     x = torch.randn(2, 3, *size, requires_grad=True)
@@ -229,10 +229,10 @@ def test_each_package_has_its_own_registered_swin():
 def test_a_swapped_checkpoint_loads_exactly(tmp_path):
     """A NaLa-swapped model's own checkpoint through ``init_cfg``: every tensor as saved."""
     host = HOSTS['mmseg-swin']
-    trained = host.swapped(mixers=HYBRID, **host.kwargs)
+    trained = host.swapped(mixers=DEFAULT_HYBRID, **host.kwargs)
     trained.init_weights()
     path = save_stock(trained, str(tmp_path / 'swapped.pth'))
-    again = host.swapped(mixers=HYBRID, init_cfg=dict(type='Pretrained', checkpoint=path),
+    again = host.swapped(mixers=DEFAULT_HYBRID, init_cfg=dict(type='Pretrained', checkpoint=path),
                          **host.kwargs)
     again.init_weights()
     for key, value in trained.state_dict().items():
@@ -252,7 +252,7 @@ def test_official_layouts_are_converted_before_the_carry_over(tmp_path):
                      'layers.0.blocks.0.attn.qkv.bias': torch.zeros(3 * width),
                      'layers.0.blocks.0.attn.proj.weight': proj}
     torch.save({'model': official_swin}, tmp_path / 'swin.pth')
-    swin = DetNaLaSwinTransformer(mixers=HYBRID, convert_weights=True, init_cfg=dict(
+    swin = DetNaLaSwinTransformer(mixers=DEFAULT_HYBRID, convert_weights=True, init_cfg=dict(
         type='Pretrained', checkpoint=str(tmp_path / 'swin.pth')), **SWIN_ARGS)
     swin.init_weights()
     assert torch.equal(swin.stages[0].blocks[0].attn.mixer.qkvg.weight[:3 * width], qkv)
@@ -264,7 +264,7 @@ def test_official_layouts_are_converted_before_the_carry_over(tmp_path):
                     'block1.0.attn.proj.weight': proj,
                     'block1.0.attn.sr.weight': torch.randn(width, width, 8, 8)}
     torch.save(official_pvt, tmp_path / 'pvt.pth')
-    pvt = NaLaPyramidVisionTransformerV2(mixers=HYBRID, init_cfg=dict(
+    pvt = NaLaPyramidVisionTransformerV2(mixers=DEFAULT_HYBRID, init_cfg=dict(
         type='Pretrained', checkpoint=str(tmp_path / 'pvt.pth')), **MIT_ARGS)
     pvt.init_weights()
     mixer = pvt.layers[0][1][0].attn.mixer
@@ -285,14 +285,14 @@ def test_bad_input_is_named(tmp_path):
     # a checkpoint of another width names the tensor and both shapes
     wider = SegSwinTransformer(**dict(SWIN_ARGS, embed_dims=64))
     path = save_stock(wider, str(tmp_path / 'wide.pth'))
-    model = SegNaLaSwinTransformer(mixers=HYBRID, init_cfg=dict(type='Pretrained',
+    model = SegNaLaSwinTransformer(mixers=DEFAULT_HYBRID, init_cfg=dict(type='Pretrained',
                                                                  checkpoint=path), **SWIN_ARGS)
     with pytest.raises(ValueError, match=r"stages.0.blocks.0.attn.w_msa.qkv.weight.*\(192, 64\)"
                                          r".*\(96, 32\)"):
         model.init_weights()
     # a checkpoint of something else loads nothing: an error, not a silent from-scratch start
     torch.save({'state_dict': {'head.fc.weight': torch.zeros(3, 3)}}, tmp_path / 'other.pth')
-    model = SegNaLaSwinTransformer(mixers=HYBRID, init_cfg=dict(
+    model = SegNaLaSwinTransformer(mixers=DEFAULT_HYBRID, init_cfg=dict(
         type='Pretrained', checkpoint=str(tmp_path / 'other.pth')), **SWIN_ARGS)
     with pytest.raises(ValueError, match='no tensor of .*other.pth matches'):
         model.init_weights()

@@ -18,11 +18,11 @@ from nala_mm.linearize import (
     load_teacher,
     swapped_blocks,
 )
+from nala_mm.models import DEFAULT_HYBRID
 from nala_mm.models.swap import DetNaLaSwinTransformer, SegNaLaSwinTransformer
 from tests.helpers import DEMO_SEG_CFG, run_failing_tool, run_tool
 
 SWIN = dict(embed_dims=32, depths=(2, 2, 2, 2), num_heads=(1, 2, 4, 8), window_size=7)
-S12 = ('nala', 'nala', 'softmax', 'softmax')
 CONFIG = """_base_ = [{demo!r}]
 data_root = {root!r}
 crop_size = (96, 96)
@@ -46,7 +46,7 @@ def write_configs(tmp_path, root):
     swapped = tmp_path / 'swapped.py'
     swapped.write_text(CONFIG.format(demo=DEMO_SEG_CFG, root=str(root),
                                      type='NaLaSwinTransformer', swin=SWIN,
-                                     mixers=f', mixers={S12!r}'))
+                                     mixers=f', mixers={DEFAULT_HYBRID!r}'))
     return stock, swapped
 
 
@@ -103,21 +103,23 @@ def test_a_backbone_checkpoint_reloads_exactly_through_init_cfg(cls, convert, tm
     (converted again, patch_embed.projection would become projectionjection and drop)."""
     kwargs = dict(SWIN, **({} if convert is None else dict(convert_weights=convert)))
     torch.manual_seed(0)
-    stock = build_teacher(cls(mixers=S12, **kwargs), dict(kwargs, type='x', mixers=S12))
+    stock = build_teacher(cls(mixers=DEFAULT_HYBRID, **kwargs),
+                          dict(kwargs, type='x', mixers=DEFAULT_HYBRID))
     stock.init_weights()
     path = tmp_path / 'stock_backbone.pth'
     torch.save({'state_dict': stock.state_dict()}, path)
-    student = cls(mixers=S12, **kwargs)
+    student = cls(mixers=DEFAULT_HYBRID, **kwargs)
     state, _ = student.carry_over_checkpoint(torch.load(path), str(path))
     student.load_state_dict(state, strict=False)
-    teacher = build_teacher(student, dict(kwargs, type='x', mixers=S12))
+    teacher = build_teacher(student, dict(kwargs, type='x', mixers=DEFAULT_HYBRID))
     load_teacher(teacher, student, torch.load(path), str(path))
     gen = torch.Generator().manual_seed(0)
     attention_transfer(teacher, student, lambda: torch.randn(2, 3, 64, 64, generator=gen),
                        TransferOptions(iters=3), progress=False)
     out = tmp_path / 'linearized_backbone.pth'
     torch.save({'state_dict': student.state_dict()}, out)
-    again = cls(mixers=S12, init_cfg=dict(type='Pretrained', checkpoint=str(out)), **kwargs)
+    again = cls(mixers=DEFAULT_HYBRID, init_cfg=dict(type='Pretrained', checkpoint=str(out)),
+                **kwargs)
     again.init_weights()
     for key, value in student.state_dict().items():
         assert torch.equal(again.state_dict()[key], value), key
@@ -130,11 +132,11 @@ def test_every_choice_lowers_the_error_and_new_keeps_the_carried_rows(choice):
     torch.manual_seed(0)
     teacher_model = SegNaLaSwinTransformer(mixers=('softmax',) * 4, **SWIN)
     teacher_model.init_weights()
-    student = SegNaLaSwinTransformer(mixers=S12, **SWIN)
+    student = SegNaLaSwinTransformer(mixers=DEFAULT_HYBRID, **SWIN)
     checkpoint = {'state_dict': teacher_model.state_dict()}
     state, _ = student.carry_over_checkpoint(checkpoint)
     student.load_state_dict(state, strict=False)
-    teacher = build_teacher(student, dict(SWIN, mixers=S12))
+    teacher = build_teacher(student, dict(SWIN, mixers=DEFAULT_HYBRID))
     load_teacher(teacher, student, checkpoint, 'stock')
     gen = torch.Generator().manual_seed(0)
     batches = [torch.randn(2, 3, 64, 64, generator=gen) for _ in range(3)]
@@ -156,9 +158,9 @@ def test_clear_errors(tmp_path, tiny_ade):
     stock = SegNaLaSwinTransformer(mixers=('softmax',) * 4, **SWIN)
     with pytest.raises(ValueError, match='no swapped block'):
         swapped_blocks(stock)
-    student = SegNaLaSwinTransformer(mixers=S12, **SWIN)
+    student = SegNaLaSwinTransformer(mixers=DEFAULT_HYBRID, **SWIN)
     swapped_state = {'state_dict': student.state_dict()}  # a swapped checkpoint, not stock
-    teacher = build_teacher(student, dict(SWIN, mixers=S12))
+    teacher = build_teacher(student, dict(SWIN, mixers=DEFAULT_HYBRID))
     with pytest.raises(ValueError, match='not a checkpoint of the stock model.*SwinTransformer'
                                          '.*missing'):
         load_teacher(teacher, student, swapped_state, 'swapped.pth')
