@@ -19,7 +19,8 @@ test: lint
 	$(PY) -m pytest tests -q -p no:cacheprovider -m "not slow and not extended"
 
 # The process-starting checks make test leaves out: the tools and the upstream tools end to end,
-# ONNX export through the tool, epoch-based two-rank training and dist_test.sh (tests/conftest.py).
+# ONNX export through the tool, epoch-based two-rank training and dist_test.sh (each marked
+# `extended` on the test itself).
 test-extended: setup
 	$(PY) -m pytest tests -q -p no:cacheprovider -m "extended and not slow"
 

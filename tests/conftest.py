@@ -16,36 +16,6 @@ from nala_mm.datasets.synthetic_ade import generate_ade_like
 from nala_mm.datasets.synthetic_cityscapes import generate_cityscapes_like
 from nala_mm.datasets.synthetic_coco import generate_coco_like
 
-# Tests that start processes (marked ``integration``) cost seconds each in interpreter start-up
-# alone. ``make test`` keeps those below; every other one is marked ``extended`` and runs under
-# ``make test-extended`` (the tool and upstream-tool checks, ONNX export by the tool, dist_test,
-# the wheel and mim, the docs' shell snippets). The slurm-script checks start bash only, and the
-# docs' usage lines share one interpreter for all their --help checks.
-SLURM = 'tests/tools/test_slurm_scripts.py::'
-CORE_INTEGRATION = (
-    SLURM + 'test_scripts_are_executable_and_parse',
-    SLURM + 'test_slurm_train_runs_one_task_per_gpu_with_the_slurm_launcher',
-    SLURM + 'test_slurm_test_passes_the_checkpoint_and_defaults_to_8_gpus',
-    SLURM + 'test_fewer_than_8_gpus_fit_on_one_node',
-    SLURM + 'test_missing_arguments_print_the_usage',
-    SLURM + 'test_the_tools_parse_what_the_scripts_pass',
-    'tests/docs/test_snippets.py::test_usage_snippet_names_real_commands_and_options',
-    'tests/tools/test_resume.py::test_sigkill_then_resume_continues_with_identical_losses',
-    'tests/tools/test_resume.py::test_two_ranks_train_alike_and_resume_their_own_random_streams',
-    'tests/tools/test_segmentation.py::test_training_lowers_the_loss_on_its_fixed_batch',
-    'tests/tools/test_segmentation.py::'
-    'test_test_tool_gives_the_validation_miou_and_that_of_its_label_maps',
-    'tests/tools/test_segmentation.py::test_infer_tool_writes_the_test_tools_label_maps',
-)
-
-
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        if item.get_closest_marker('integration') and \
-                item.nodeid.split('[')[0] not in CORE_INTEGRATION:
-            item.add_marker(pytest.mark.extended)
-
-
 # the same examples on every run (a failure reproduces; nothing new is drawn in CI)
 settings.register_profile('nala', derandomize=True, deadline=None, print_blob=True)
 settings.load_profile('nala')

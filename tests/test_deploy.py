@@ -194,6 +194,7 @@ def exports(tmp_path_factory):
     return dict(work=work, segmentor=segmentor, logs=logs)
 
 
+@pytest.mark.extended
 @integration
 def test_tool_exports_a_dynamic_segmentor_that_onnx_runtime_runs_at_other_sizes(exports):
     import onnx
@@ -219,6 +220,7 @@ def test_tool_exports_a_dynamic_segmentor_that_onnx_runtime_runs_at_other_sizes(
     assert rel_err(torch.from_numpy(logits), expected) <= TOLERANCE
 
 
+@pytest.mark.extended
 @integration
 def test_tool_exports_the_backbone_of_a_detection_config(exports):
     import onnxruntime
@@ -290,6 +292,7 @@ def test_swapped_stock_backbones_export(config, cfg_options, tmp_path):
         assert rel_err(torch.from_numpy(actual), reference) <= TOLERANCE
 
 
+@pytest.mark.extended
 @integration
 def test_tool_names_a_missing_checkpoint(tmp_path):
     missing = tmp_path / 'nowhere' / 'iter_160000.pth'
@@ -300,6 +303,7 @@ def test_tool_names_a_missing_checkpoint(tmp_path):
     assert not (tmp_path / 'x.onnx').exists()
 
 
+@pytest.mark.extended
 @integration
 def test_tool_says_what_to_install_without_onnx_runtime(tmp_path):
     shadow = tmp_path / 'shadow' / 'onnxruntime'

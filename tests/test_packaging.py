@@ -288,6 +288,7 @@ def _expected_mim_files():
                   or name == 'model-index.yml')
 
 
+@pytest.mark.extended
 @pytest.mark.integration
 def test_wheel_and_sdist_carry_configs_tools_and_model_index(built):
     wheel, sdist = built
@@ -354,6 +355,7 @@ def mim_from_an_empty_folder(python: str, folder: Path, env: dict, package_dir: 
     assert out.strip().splitlines()[-1] == 'NaLaFormer'
 
 
+@pytest.mark.extended
 @pytest.mark.integration
 def test_installed_wheel_trains_tests_and_searches_with_mim_from_an_empty_folder(built,
                                                                                   tmp_path):
@@ -380,6 +382,7 @@ def test_installed_wheel_trains_tests_and_searches_with_mim_from_an_empty_folder
     mim_from_an_empty_folder(python, tmp_path / 'empty', env, package_dir)
 
 
+@pytest.mark.extended
 @pytest.mark.integration
 def test_the_checkout_environment_trains_tests_and_searches_with_mim(tmp_path):
     env = _scratch_env()

@@ -261,6 +261,7 @@ def test_large_layers_sample_a_fixed_set_of_queries(monkeypatch):
                                   sampled.entropy_qnorm)
 
 
+@pytest.mark.extended
 @integration
 def test_tool_names_missing_inputs(tmp_path):
     image = tmp_path / 'image.png'
@@ -304,6 +305,7 @@ def test_layers_of_the_demo_backbone_and_their_inputs(demo_model_checkpoint):
         attention_layers(torch.nn.Conv2d(3, 3, 1))
 
 
+@pytest.mark.extended
 @integration
 def test_tool_end_to_end_on_the_demo_model(demo_model_checkpoint, tmp_path):
     model, checkpoint = demo_model_checkpoint
@@ -381,6 +383,7 @@ def test_tool_end_to_end_on_the_demo_model(demo_model_checkpoint, tmp_path):
     assert 'layers.0.blocks.0.attn' in proc.stdout and 'NormAwareLinearAttention' in proc.stdout
 
 
+@pytest.mark.extended
 @integration
 def test_tool_on_a_nala_vit_with_its_class_token(tmp_path):
     """The long-range task's one-layer ViT with NaLa swapped in (a random checkpoint): the

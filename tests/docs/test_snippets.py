@@ -450,6 +450,7 @@ def checkout_like(tmp_path_factory):
     return root
 
 
+@pytest.mark.extended
 @pytest.mark.integration
 @pytest.mark.parametrize('block', blocks_of('shell'), ids=lambda b: b.id)
 def test_shell_snippet_runs(block, checkout_like):

@@ -64,6 +64,7 @@ def test_bf16_overfits_a_fixed_batch_like_fp32(small_ade):
     assert bf16[-1] == pytest.approx(fp32[-1], rel=0.15)
 
 
+@pytest.mark.extended
 @pytest.mark.integration
 def test_amp_flag_of_the_train_tool_trains_in_bf16(tmp_path, tiny_ade):
     config = write_seg_config(tmp_path, tiny_ade, iters=2)

@@ -61,6 +61,7 @@ def test_bad_arguments_are_named(tool, capsys, argv, message):
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.extended
 @pytest.mark.integration
 def test_the_tool_writes_latency_fps_and_memory(tmp_path):
     out = tmp_path / 'F.json'
@@ -79,6 +80,7 @@ def test_the_tool_writes_latency_fps_and_memory(tmp_path):
     assert f"{latency['median']:.1f}" in log
 
 
+@pytest.mark.extended
 @pytest.mark.integration
 def test_compare_times_a_second_config_in_turns_and_prints_the_ratio(tmp_path):
     """NaLa in all stages against the demo's hybrid: the same model but for two stages' mixer,

@@ -99,6 +99,7 @@ def overfit(tmp_path_factory, tiny_coco):
                            classes=list(Config.fromfile(config).metainfo['classes']))
 
 
+@pytest.mark.extended
 @integration
 def test_mask_rcnn_test_tool_gives_the_validation_ap_and_that_of_its_dump(overfit):
     assert re.search(r'Epoch\(train\) +\[1\]\[1/1\].*loss_rpn_cls: [\d.]+.*loss_mask: [\d.]+',
@@ -122,6 +123,7 @@ def test_mask_rcnn_test_tool_gives_the_validation_ap_and_that_of_its_dump(overfi
     assert len(list((overfit.root / 't').glob('*/vis/*.jpg'))) == 2
 
 
+@pytest.mark.extended
 @integration
 def test_mask_rcnn_tta_is_refused_with_masks_and_evaluates_boxes_without(overfit):
     # test-time augmentation (flip) merges boxes only: refused while the model predicts masks
@@ -148,6 +150,7 @@ custom_imports = dict(imports=['nala_mm'], allow_failed_imports=False)
 """
 
 
+@pytest.mark.extended
 @integration
 def test_tta_on_a_config_without_tta_is_refused_with_what_is_missing(tmp_path):
     config = tmp_path / 'no_tta.py'

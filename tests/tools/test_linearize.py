@@ -58,6 +58,7 @@ def build(config):
     return model
 
 
+@pytest.mark.extended
 @pytest.mark.integration
 def test_the_tool_on_a_stock_segmentor_checkpoint(tmp_path, tiny_ade):
     stock_cfg, swapped_cfg = write_configs(tmp_path, tiny_ade)
@@ -168,6 +169,7 @@ def test_clear_errors(tmp_path, tiny_ade):
         TransferOptions(target='logits')
 
 
+@pytest.mark.extended
 @pytest.mark.integration
 def test_the_tool_refuses_a_config_without_a_swap_or_a_dataloader(tmp_path, tiny_ade):
     stock_cfg, swapped_cfg = write_configs(tmp_path, tiny_ade)

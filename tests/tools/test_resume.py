@@ -157,6 +157,7 @@ def test_two_ranks_train_alike_and_resume_their_own_random_streams(tmp_path, sma
             assert after[it] == reference[rank][it], (rank, it)
 
 
+@pytest.mark.extended
 def test_epoch_based_two_rank_run_and_two_process_test_give_the_single_process_miou(
         tmp_path, small_ade):
     config = write_seg_config(tmp_path, small_ade, iters=4, extra=EPOCH_EXTRA)

@@ -133,6 +133,7 @@ def test_infer_tool_writes_the_test_tools_label_maps(overfit, tested, tmp_path):
     assert inferred == sorted(m.tobytes() for m in tested_maps)
 
 
+@pytest.mark.extended
 def test_training_resumes_from_a_named_checkpoint(overfit, tmp_path):
     longer = write_seg_config(tmp_path, overfit.data, iters=ITERS + 1, extra=OVERFIT)
     log = run_tool('tools/train.py', longer, '--work-dir', tmp_path / 'work', '--resume',

@@ -66,6 +66,7 @@ def _mixer_state(path) -> dict:
     return {k: v for k, v in state.items() if '.mixer.' in k}
 
 
+@pytest.mark.extended
 def test_segformer_nala_under_mmseg_train_and_the_project_test(tmp_path, tiny_ade):
     config = tmp_path / 'segformer_nala.py'
     config.write_text(SEG.format(base=REPO / 'configs/swap/ade20k_segformer_mit-b0_nala-s12.py',
@@ -81,6 +82,7 @@ def test_segformer_nala_under_mmseg_train_and_the_project_test(tmp_path, tiny_ad
     assert re.search(r'mIoU: ([\d.]+)', log.split('Iter(test)')[-1]).group(1) == trained
 
 
+@pytest.mark.extended
 def test_pvtv2_nala_retinanet_under_the_project_train_and_mmdet_test(tmp_path, tiny_coco):
     config = tmp_path / 'pvt_nala.py'
     config.write_text(DET.format(base=REPO / 'configs/swap/coco_pvtv2-b0_retinanet_1x_nala-s12.py',

@@ -17,6 +17,7 @@ def upstream(package: str, tool: str) -> str:
     return osp.join(osp.dirname(module.__file__), '.mim', 'tools', tool)
 
 
+@pytest.mark.extended
 def test_mmseg_tools_train_resume_and_test(tmp_path, tiny_ade):
     work = tmp_path / 'work'
     log = run_tool(upstream('mmseg', 'train.py'), write_seg_config(tmp_path, tiny_ade, iters=1),
@@ -33,6 +34,7 @@ def test_mmseg_tools_train_resume_and_test(tmp_path, tiny_ade):
     assert re.search(r'Iter\(test\) \[\d+/\d+\].*mIoU: [\d.]+', log)
 
 
+@pytest.mark.extended
 def test_mmdet_tools_train_resume_and_test(tmp_path, tiny_coco):
     work = tmp_path / 'work'
     log = run_tool(upstream('mmdet', 'train.py'), write_det_config(tmp_path, tiny_coco, epochs=1),
