@@ -18,7 +18,7 @@ takes its own entry.
 """
 import logging
 import random
-from typing import Dict, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -47,15 +47,6 @@ def restore_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state['cuda'])
 
 
-def _saved_states(saved: dict) -> Tuple[Dict[int, dict], int]:
-    """``(states by rank, world size of the saving run)``; a checkpoint written before states
-    were kept per rank holds one state, rank 0's."""
-    if 'ranks' in saved:
-        return {int(rank): state for rank, state in saved['ranks'].items()}, \
-            int(saved['world_size'])
-    return {0: saved}, 1
-
-
 def select_rng_state(saved: dict, rank: int, world_size: int,
                      shared_stream: bool) -> Tuple[Optional[dict], Optional[str]]:
     """The state rank ``rank`` of a ``world_size``-process run restores, and a warning (or None).
@@ -66,7 +57,8 @@ def select_rng_state(saved: dict, rank: int, world_size: int,
     ranks the checkpoint has no state for keep their fresh seeding (seed + rank), so that no two
     ranks ever share a stream.
     """
-    states, saved_world = _saved_states(saved)
+    states = {int(rank): state for rank, state in saved['ranks'].items()}
+    saved_world = int(saved['world_size'])
     if world_size == saved_world and set(states) == set(range(saved_world)):
         return states[rank], None
     have = sorted(states)

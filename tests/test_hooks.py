@@ -19,8 +19,3 @@ def test_rng_states_after_a_world_size_change_stay_distinct_and_warn():
     assert state == dict(tag=0) and 'world size 1' in warning
     # diff_rank_seed=False: every rank draws one stream, so any saved state continues it exactly
     assert select_rng_state(saved, 2, 3, shared_stream=True) == (dict(tag=0), None)
-    # a checkpoint from before per-rank states (one state, no ranks) still resumes one process
-    legacy = dict(torch=1, numpy=2, python=3)
-    assert select_rng_state(legacy, 0, 1, shared_stream=False) == (legacy, None)
-    state, warning = select_rng_state(legacy, 1, 2, shared_stream=False)
-    assert state is None and 'ranks [1]' in warning

@@ -5,32 +5,9 @@
 mixer (a :class:`FeatureMap` pair for :func:`kernelized_attention`) use. The modules below hold
 the rest (chunk sizes, the sign splits, each mode's own entry).
 """
-from .attention import (
-                        ChunkedKernelizedAttention,
-                        FeatureMap,
-                        NaLaConfig,
-                        Rope,
-                        apply_rope,
-                        apply_rope_reference,
-                        build_plain_feature_map,
-                        kernelized_attention,
-                        kernelized_attention_weights,
-                        nala_attention,
-                        nala_attention_matrix,
-                        nala_attention_reference,
-                        rope_angle_buffer,
-                        rope_frequencies,
-                        rope_phasor,
-                        rope_table,
-                        rope_table_for,
-)
-from .fused import conv2d, gated_norm, gelu_conv
+from . import attention, fused
+from .attention import *  # noqa: F401,F403  (its __all__, below)
+from .fused import *  # noqa: F401,F403
 from .mode import MODES, is_exporting, resolve_mode
 
-__all__ = [
-    'MODES', 'ChunkedKernelizedAttention', 'FeatureMap', 'NaLaConfig', 'Rope', 'apply_rope',
-    'apply_rope_reference', 'build_plain_feature_map', 'conv2d', 'gated_norm', 'gelu_conv',
-    'is_exporting', 'kernelized_attention', 'kernelized_attention_weights', 'nala_attention',
-    'nala_attention_matrix', 'nala_attention_reference', 'resolve_mode', 'rope_angle_buffer',
-    'rope_frequencies', 'rope_phasor', 'rope_table', 'rope_table_for',
-]
+__all__ = [*attention.__all__, *fused.__all__, 'MODES', 'is_exporting', 'resolve_mode']

@@ -13,7 +13,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from nala_mm.analysis import KERNELIZED_OP, build_flop_analyzer, count_flops
 from nala_mm.models import DEFAULT_HYBRID, NaLaFormer, NormAwareLinearAttention, SoftmaxAttention
-from nala_mm.ops import NaLaConfig, nala_attention_reference, rope_table
+from nala_mm.ops import NaLaConfig, nala_attention, rope_table
 from tests.helpers import REPO, tool_env
 from tests.reference.released_nalaformer import CLASSIFICATION_TAIL, VARIANTS, released_variant
 
@@ -78,7 +78,7 @@ def executed_elementwise(batch: int, heads: int, height: int, width: int, head_d
                for _ in range(3))
     rope = rope_table(height, width, head_dim) if use_rope else None
     with torch.no_grad(), ElementwiseCounter() as counter:
-        nala_attention_reference(q, k, v, NaLaConfig(kernel=kernel), rope)
+        nala_attention(q, k, v, NaLaConfig(kernel=kernel), rope, mode='reference')
     assert {'mul', 'tanh', 'cos', 'pow'} <= counter.seen  # the counter saw the feature maps
     return counter.total
 
@@ -282,6 +282,7 @@ class HeadCounter(TorchFunctionMode):
         return out
 
 
+@pytest.mark.extended
 @pytest.mark.integration  # starts a process
 def test_get_flops_tool_on_a_segmentor():
     """NaLaFormer-T + UperNet at 128^2: the parameters from the released model's shapes and the

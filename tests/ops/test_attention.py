@@ -10,9 +10,8 @@ from nala_mm.ops import (
     NaLaConfig,
     apply_rope,
     apply_rope_reference,
+    kernelized_attention_weights,
     nala_attention,
-    nala_attention_matrix,
-    nala_attention_reference,
     rope_phasor,
     rope_table,
 )
@@ -20,6 +19,11 @@ from nala_mm.released_op import nala_attention_released
 from tests.helpers import rel_err
 from tests.reference import formulas
 from tests.reference.released_nalaformer import RoPE, released_nala, rotate
+
+
+def attention_matrix(q, k, cfg, rope=None):
+    """NaLa's implied N x N attention (quadratic memory: tests only)."""
+    return kernelized_attention_weights(q, k, *cfg.feature_maps(), cfg.eps, rope, rope)
 
 
 def qkv(shape, seed=0, dtype=torch.float32, scale=1.0):
@@ -37,7 +41,7 @@ def test_fast_matches_reference_forward_and_gradients(kernel, use_rope):
         q[0, 1, 4].zero_()  # a zero query exercises the 0/0 guard in both paths
     cfg = NaLaConfig(kernel=kernel)
     rope = rope_table(height, width, head_dim) if use_rope else None
-    expected = nala_attention_reference(q, k, v, cfg, rope)
+    expected = nala_attention(q, k, v, cfg, rope, mode='reference')
     actual = nala_attention(q, k, v, cfg, rope)
     assert rel_err(actual, expected) <= 1e-5
     grad_out = torch.randn_like(expected)
@@ -53,7 +57,7 @@ def test_token_chunking_does_not_change_results(kernel, chunk):
     height, width, head_dim = 9, 13, 8  # N = 117: chunks of 7 and 50 leave ragged tails
     q, k, v = qkv((2, 2, height * width, head_dim), seed=5)
     cfg, rope = NaLaConfig(kernel=kernel), rope_table(height, width, head_dim)
-    expected = nala_attention_reference(q, k, v, cfg, rope)
+    expected = nala_attention(q, k, v, cfg, rope, mode='reference')
     actual = nala_attention(q, k, v, cfg, rope, chunk=chunk)
     assert rel_err(actual, expected) <= 1e-5
     grad_out = torch.randn_like(expected)
@@ -171,12 +175,12 @@ def test_rope_scores_depend_on_relative_position_only():
 @pytest.mark.parametrize('kernel', ['cosine', 'relu'])
 def test_implied_attention_is_a_distribution_without_rope(kernel):
     q, k, _ = qkv((2, 2, 40, 8), seed=1, dtype=torch.float64)
-    attn = nala_attention_matrix(q, k * 2, NaLaConfig(kernel=kernel))
+    attn = attention_matrix(q, k * 2, NaLaConfig(kernel=kernel))
     assert attn.min().item() >= 0
     assert (attn.sum(-1) - 1).abs().max().item() <= 1e-5
     # the linear form computes exactly this matrix times v
     v = torch.randn(2, 2, 40, 8, dtype=torch.float64)
-    out = nala_attention_reference(q, k * 2, v, NaLaConfig(kernel=kernel))
+    out = nala_attention(q, k * 2, v, NaLaConfig(kernel=kernel), mode='reference')
     assert rel_err(out, attn @ v) <= 1e-10
 
 
@@ -185,7 +189,7 @@ def _row_entropy(q, k, cfg=None):
         scores = F.relu(q) @ F.relu(k).transpose(-1, -2)
         row = scores / scores.sum(-1, keepdim=True)
     else:
-        row = nala_attention_matrix(q, k, cfg)
+        row = attention_matrix(q, k, cfg)
     row = row.flatten()
     return -(row * row.clamp_min(1e-300).log()).sum().item()
 
@@ -223,10 +227,11 @@ def test_cosine_kernel_tends_to_relu_kernel(use_rope):
     q, k, v = q.detach(), k.detach(), v.detach()
     rope = tuple(t.double() for t in rope_table(5, 6, 8)) if use_rope else None
     formula_rope = formulas.rope_tables(5, 6, 8) if use_rope else None
-    relu = nala_attention_reference(q, k, v, NaLaConfig(kernel='relu'), rope)
+    relu = nala_attention(q, k, v, NaLaConfig(kernel='relu'), rope, mode='reference')
     formula_relu = formulas.nala(q, k, v, kernel='relu', rope=formula_rope)
     for alpha in (1e3, 20.0):
-        cosine = nala_attention_reference(q, k, v, NaLaConfig(kernel='cosine', alpha=alpha), rope)
+        cosine = nala_attention(q, k, v, NaLaConfig(kernel='cosine', alpha=alpha), rope,
+                                mode='reference')
         want = rel_err(formulas.nala(q, k, v, kernel='cosine', alpha=alpha, rope=formula_rope),
                        formula_relu)
         assert rel_err(cosine, relu) == pytest.approx(want, rel=1e-4), alpha

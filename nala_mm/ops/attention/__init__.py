@@ -10,8 +10,6 @@ from .config import NaLaConfig
 from .dispatch import (
                        kernelized_attention,
                        nala_attention,
-                       nala_attention_matrix,
-                       nala_attention_reference,
 )
 from .feature_maps import FeatureMap, build_plain_feature_map
 from .naive import kernelized_attention_weights
@@ -29,7 +27,6 @@ from .rope import (
 __all__ = [
     'ChunkedKernelizedAttention', 'FeatureMap', 'NaLaConfig', 'Rope', 'apply_rope',
     'apply_rope_reference', 'build_plain_feature_map', 'kernelized_attention',
-    'kernelized_attention_weights', 'nala_attention', 'nala_attention_matrix',
-    'nala_attention_reference', 'rope_angle_buffer', 'rope_frequencies', 'rope_phasor',
-    'rope_table', 'rope_table_for',
+    'kernelized_attention_weights', 'nala_attention', 'rope_angle_buffer', 'rope_frequencies',
+    'rope_phasor', 'rope_table', 'rope_table_for',
 ]

@@ -10,7 +10,7 @@ from ..mode import resolve_mode
 from .chunked import DEFAULT_CHUNK, kernelized_attention_chunked
 from .config import NaLaConfig
 from .feature_maps import FeatureMap
-from .naive import kernelized_attention_naive, kernelized_attention_weights
+from .naive import kernelized_attention_naive
 from .rope import Rope
 
 
@@ -30,14 +30,3 @@ def nala_attention(q: Tensor, k: Tensor, v: Tensor, cfg: NaLaConfig, rope: Rope 
                    mode: str = 'fast', chunk: int = DEFAULT_CHUNK) -> Tensor:
     """NaLa attention on ``(B, heads, N, d)`` float32 tensors; ``rope`` = ``(cos, sin)``."""
     return kernelized_attention(q, k, v, *cfg.feature_maps(), cfg.eps, rope, mode, chunk)
-
-
-def nala_attention_reference(q: Tensor, k: Tensor, v: Tensor, cfg: NaLaConfig,
-                             rope: Rope = None) -> Tensor:
-    """``nala_attention(..., mode='reference')``."""
-    return nala_attention(q, k, v, cfg, rope, mode='reference')
-
-
-def nala_attention_matrix(q: Tensor, k: Tensor, cfg: NaLaConfig, rope: Rope = None) -> Tensor:
-    """The implied N x N attention, for tests and inspection only (quadratic memory)."""
-    return kernelized_attention_weights(q, k, *cfg.feature_maps(), cfg.eps, rope, rope)
