@@ -19,7 +19,7 @@ import tempfile
 from statistics import mean, stdev
 from typing import Dict, List
 
-from nala_mm.models.mixer_specs import PRESETS, MixerPreset
+from presets import PRESETS, MixerPreset
 
 from paths import REPO, RESULTS
 from report import (

@@ -35,29 +35,18 @@ TIME_WARMUP = 2
 def training_step_case(case: dict) -> dict:
     """One precision's training-step ``time`` or ``memory`` in this fresh process."""
     from mmengine.optim import build_optim_wrapper
-    from mmengine.registry import init_default_scope
-    from mmengine.structures import PixelData
-    from mmseg.registry import MODELS
-    from mmseg.structures import SegDataSample
 
     from nala_mm.amp import enable_amp
-    from nala_mm.config_loading import load_config
+    from nala_mm.config_loading import build_model, load_config
+    from nala_mm.data_samples import synthetic_batch
     crop, batch, device = case['crop'], case['batch'], case['device']
     cfg = load_config(CONFIG)
     if case['precision'] == 'amp':
         enable_amp(cfg)
-    init_default_scope('mmseg')
     torch.manual_seed(0)
-    model = MODELS.build(cfg.model).to(device).train()
+    model = build_model(cfg).to(device).train()
     wrapper = build_optim_wrapper(model, cfg.optim_wrapper)
-    images = [torch.randint(0, 256, (3, crop, crop), dtype=torch.uint8) for _ in range(batch)]
-    samples = []
-    for _ in range(batch):
-        sample = SegDataSample(metainfo=dict(img_shape=(crop, crop), ori_shape=(crop, crop),
-                                             pad_shape=(crop, crop)))
-        sample.gt_sem_seg = PixelData(data=torch.randint(0, 6, (1, crop, crop)))
-        samples.append(sample)
-    data = dict(inputs=images, data_samples=samples)
+    data = synthetic_batch('mmseg', batch, crop, crop, num_classes=6)
 
     def step():
         model.train_step(data, wrapper)

@@ -32,8 +32,9 @@ import time
 from statistics import mean, stdev
 from typing import Dict, List, Optional, Tuple
 
+from presets import PRESETS, MixerPreset
+
 from nala_mm.analysis.measure import add_case_argument, print_case_result, run_case
-from nala_mm.models.mixer_specs import PRESETS, MixerPreset
 
 from paths import REPO, RESULTS
 from report import (

@@ -34,10 +34,8 @@ NUM_CLASSES = 150
 
 
 def segmentor_step(name: str, side: int, mode: str, batch: int, device: str) -> Step:
-    from mmengine.structures import PixelData
-    from mmseg.structures import SegDataSample
-
     from nala_mm.config_loading import build_model_from_config
+    from nala_mm.data_samples import data_samples
     # no downloads or authors' files here: random initialisation (weights do not matter)
     model, _ = build_model_from_config(SEGMENTORS[name]['config'],
                                        {'model.backbone.init_cfg': None})
@@ -51,13 +49,7 @@ def segmentor_step(name: str, side: int, mode: str, batch: int, device: str) -> 
                 model(images, mode='tensor')
         return forward
 
-    samples = []
-    for _ in range(batch):
-        sample = SegDataSample(metainfo=dict(img_shape=(side, side), ori_shape=(side, side),
-                                             pad_shape=(side, side)))
-        labels = torch.randint(0, NUM_CLASSES, (1, side, side), device=device)
-        sample.gt_sem_seg = PixelData(data=labels)
-        samples.append(sample)
+    samples = data_samples('mmseg', batch, side, side, NUM_CLASSES, device)
     model.train()
 
     def train_step() -> None:

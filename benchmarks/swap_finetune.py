@@ -63,15 +63,13 @@ def swapped_checkpoint(config: str, softmax_checkpoint: str, out: str) -> str:
     checkpoint as its ``Pretrained`` init (the carry-over), the heads loaded as they are."""
     import torch
     from mmengine.config import Config
-    from mmengine.registry import init_default_scope
-    from mmseg.registry import MODELS
 
     from nala_mm import compat
+    from nala_mm.config_loading import build_model
     compat.install()  # a Runner checkpoint loads weights-only (nala_mm.compat)
     cfg = Config.fromfile(config)
     cfg.model.backbone.init_cfg = dict(type='Pretrained', checkpoint=softmax_checkpoint)
-    init_default_scope('mmseg')
-    model = MODELS.build(cfg.model)
+    model = build_model(cfg)
     model.backbone.init_weights()
     state = torch.load(softmax_checkpoint, map_location='cpu')['state_dict']
     heads = {k: v for k, v in state.items() if not k.startswith('backbone.')}

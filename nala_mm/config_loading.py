@@ -1,5 +1,4 @@
 """Reading a config as the upstream tools do, adapted to the machine, and building its model."""
-import importlib
 import os.path as osp
 from typing import Optional, Tuple
 
@@ -10,6 +9,8 @@ from mmengine.model import revert_sync_batchnorm
 from mmengine.registry import init_default_scope
 from mmengine.utils import get_installed_path
 from torch import nn
+
+from .registry import models_registry
 
 
 def _replace_sync_bn(node) -> int:
@@ -77,15 +78,19 @@ def resolve_config_path(path: str) -> str:
     return osp.join(get_installed_path(package), '.mim', 'configs', relative)
 
 
+def build_model(cfg: Config) -> nn.Module:
+    """``cfg.model`` built by the registry of the config's default scope (``'mmseg'`` when it
+    names none), made the default scope first; SyncBN layers run as BN (one process)."""
+    scope = cfg.get('default_scope', 'mmseg')
+    init_default_scope(scope)
+    return revert_sync_batchnorm(models_registry(scope).build(cfg.model))
+
+
 def build_model_from_config(path: str, cfg_options: Optional[dict] = None) -> Tuple[nn.Module, str]:
-    """Build a config's model with its scope's registry, SyncBN reverted to BN, in eval mode.
+    """Build a config's model (:func:`build_model`) in eval mode.
 
     Returns the model and the config's default scope (``'mmseg'`` or ``'mmdet'``). Weights are
     not initialised from any checkpoint (nothing is downloaded).
     """
     cfg = load_config(resolve_config_path(path), cfg_options=cfg_options)
-    scope = cfg.get('default_scope', 'mmseg')
-    init_default_scope(scope)
-    registry = importlib.import_module(f'{scope}.registry').MODELS
-    # SyncBN needs a process group; a single-process measurement runs it as BN.
-    return revert_sync_batchnorm(registry.build(cfg.model)).eval(), scope
+    return build_model(cfg).eval(), cfg.get('default_scope', 'mmseg')

@@ -31,7 +31,7 @@ import json
 import os
 import os.path as osp
 import sys
-from typing import Callable, List
+from typing import Callable
 
 import torch
 
@@ -99,34 +99,15 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 # ------------------------------------------------------------------------------ one case
-def synthetic_batch(scope: str, batch: int, shape: List[int]) -> dict:
-    """``batch`` random uint8 images of ``shape`` with the metadata a test pipeline gives."""
-    height, width = shape
-    generator = torch.Generator().manual_seed(0)
-    images = [torch.randint(0, 256, (3, height, width), dtype=torch.uint8, generator=generator)
-              for _ in range(batch)]
-    meta = dict(img_shape=(height, width), ori_shape=(height, width), pad_shape=(height, width),
-                scale_factor=(1.0, 1.0), flip=False, flip_direction=None)
-    if scope == 'mmdet':
-        from mmdet.structures import DetDataSample as Sample
-    else:
-        from mmseg.structures import SegDataSample as Sample
-    samples = []
-    for _ in range(batch):
-        sample = Sample()
-        sample.set_metainfo(dict(meta))
-        samples.append(sample)
-    return dict(inputs=images, data_samples=samples)
-
-
 def inference_step(config: str, case: dict) -> Callable[[], object]:
     """The model of ``config`` on ``case['device']`` and one ``test_step`` on the synthetic batch,
     as a callable."""
     from nala_mm.config_loading import build_model_from_config
+    from nala_mm.data_samples import synthetic_batch
     device = case['device']
     model, scope = build_model_from_config(config, case.get('cfg_options') or None)
     model = model.to(device)
-    data = synthetic_batch(scope, case['batch'], case['shape'])
+    data = synthetic_batch(scope, case['batch'], *case['shape'])
     amp_dtype = torch.float16 if device == 'cuda' else torch.bfloat16
 
     def step():

@@ -19,24 +19,13 @@ from mmengine.runner import Runner
 
 from nala_mm import compat
 from nala_mm.config_loading import load_config
+from nala_mm.datasets.demo import DEMO_TASKS
 from nala_mm.provenance import code_version
 
 # the host changes this tool relies on (weights-only resume, atomic checkpoints, CPU torchrun,
 # data checks): see nala_mm/compat.py
 compat.install()
 
-TASKS = {
-    'seg': dict(config='configs/demo/ade20k_demo_nala_upernet.py', work_dir='work_dirs/demo_seg'),
-    'det': dict(config='configs/demo/coco_demo_nala_mask-rcnn.py', work_dir='work_dirs/demo_det'),
-}
-
-
-def generate_data(task: str, data_root: str) -> dict:
-    if task == 'seg':
-        from nala_mm.datasets.synthetic_ade import generate_ade_like
-        return generate_ade_like(data_root)
-    from nala_mm.datasets.synthetic_coco import generate_coco_like
-    return generate_coco_like(data_root)
 
 
 def enable_test_overlays(runner: Runner) -> None:
@@ -77,7 +66,7 @@ def summarise(task: str, metrics: dict, data: dict, runner: Runner, seconds: flo
     metrics = {k: float(v) for k, v in metrics.items()}  # numpy scalars -> JSON
     with open(osp.join(runner.log_dir, f'{runner.timestamp}.log')) as f:
         tables = per_class_tables(f.read())
-    summary = dict(task=task, config=TASKS[task]['config'], metrics=metrics,
+    summary = dict(task=task, config=DEMO_TASKS[task].config, metrics=metrics,
                    train_seconds=round(seconds, 1), iterations=runner.iter,
                    overlays=osp.relpath(osp.join(runner.log_dir, 'vis_data')),
                    commit=commit)
@@ -107,17 +96,17 @@ def summarise(task: str, metrics: dict, data: dict, runner: Runner, seconds: flo
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('task', choices=sorted(TASKS))
+    parser.add_argument('task', choices=sorted(DEMO_TASKS))
     parser.add_argument('--work-dir', help='defaults to work_dirs/demo_<task>')
     parser.add_argument('--summary-out', help='also write the summary JSON here')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction,
                         help='override demo config settings, e.g. train_cfg.max_iters=100')
     args = parser.parse_args()
-    spec = TASKS[args.task]
-    cfg = load_config(spec['config'], cfg_options=args.cfg_options,
-                      work_dir=args.work_dir or spec['work_dir'])
-    data_root = cfg.train_dataloader.dataset.data_root
-    data = generate_data(args.task, data_root)
+    task = DEMO_TASKS[args.task]
+    cfg = load_config(task.config, cfg_options=args.cfg_options,
+                      work_dir=args.work_dir or task.work_dir)
+    # where the config (with its overrides) reads the data; the default set
+    data = task.generate(cfg.train_dataloader.dataset.data_root)
     # evaluate once, after training, through the test loop (which also draws the overlays)
     cfg.train_cfg.val_interval = cfg.train_cfg.get('max_iters', cfg.train_cfg.get('max_epochs')) + 1
     runner = Runner.from_cfg(cfg)

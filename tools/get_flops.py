@@ -23,6 +23,7 @@ from torch import nn
 
 from nala_mm.analysis import count_flops
 from nala_mm.config_loading import build_model_from_config
+from nala_mm.data_samples import data_samples
 from nala_mm.models import ARCH_SETTINGS, NaLaFormer
 
 # The paper's ImageNet numbers at 224 x 224 (NaLaFormer, arXiv 2506.21137, its table of
@@ -44,12 +45,9 @@ def model_and_inputs(config: str, height: int, width: int, backbone_only: bool,
     if scope == 'mmseg':
         model.auxiliary_head = None
         return model, (image,), 'segmentor: backbone + neck + decode head (mode=tensor)'
-    from mmdet.structures import DetDataSample
-    shape = (height, width)
-    sample = DetDataSample(metainfo=dict(img_shape=shape, ori_shape=shape, pad_shape=shape,
-                                         batch_input_shape=shape, scale_factor=(1.0, 1.0)))
     # what mmdet's get_flops does: bind the data samples, trace forward(inputs) in tensor mode
-    model.forward = partial(model.forward, data_samples=[sample], mode='tensor')
+    model.forward = partial(model.forward, data_samples=data_samples('mmdet', 1, height, width),
+                            mode='tensor')
     return model, (image,), 'detector: backbone + neck + RPN + heads (mode=tensor)'
 
 

@@ -30,13 +30,11 @@ import sys
 import torch
 from mmengine.config import DictAction
 from mmengine.logging import print_log
-from mmengine.model import revert_sync_batchnorm
-from mmengine.registry import init_default_scope
 from mmengine.runner import Runner
 from mmengine.runner.checkpoint import CheckpointLoader
 
 from nala_mm import compat
-from nala_mm.config_loading import load_config
+from nala_mm.config_loading import build_model, load_config
 from nala_mm.linearize import (
     INPUTS,
     PARAMS,
@@ -84,10 +82,7 @@ def build(cfg, device: str):
     backbone.pop('init_cfg', None)
     backbone.pop('pretrained', None)
     cfg.model.pop('pretrained', None)
-    init_default_scope(cfg.get('default_scope', 'mmseg'))
-    registry = __import__(f"{cfg.get('default_scope', 'mmseg')}.registry",
-                          fromlist=['MODELS']).MODELS
-    model = revert_sync_batchnorm(registry.build(cfg.model)).to(device)
+    model = build_model(cfg).to(device)
     if not isinstance(model.backbone, SwappedAttentionMixin):
         raise SystemExit(f'{cfg.filename}: the backbone is {type(model.backbone).__name__}, not '
                          f'a stock backbone with NaLa swapped in; linearize takes a swapped '

@@ -10,15 +10,28 @@ what ``make demo`` / ``make demo-det`` train on; generation is deterministic and
 same set is already there.
 """
 import argparse
-from typing import Optional, Sequence
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence
 
 from .synthetic_ade import generate_ade_like
 from .synthetic_coco import generate_coco_like
 
-# task -> (generator, the demo config's data_root, default counts and size)
-DEMO_DATA = {
-    'seg': (generate_ade_like, 'data/demo/ade/ADEChallengeData2016', 160, 40, (160, 160)),
-    'det': (generate_coco_like, 'data/demo/coco', 120, 30, (192, 192)),
+
+@dataclass(frozen=True)
+class DemoTask:
+    """One demo: its data generator (whose defaults are the set ``make demo`` / ``make demo-det``
+    train on), where its config reads the data, and its config and work dir (tools/demo.py)."""
+    generate: Callable[..., dict]
+    data_root: str
+    config: str
+    work_dir: str
+
+
+DEMO_TASKS = {
+    'seg': DemoTask(generate_ade_like, 'data/demo/ade/ADEChallengeData2016',
+                    'configs/demo/ade20k_demo_nala_upernet.py', 'work_dirs/demo_seg'),
+    'det': DemoTask(generate_coco_like, 'data/demo/coco',
+                    'configs/demo/coco_demo_nala_mask-rcnn.py', 'work_dirs/demo_det'),
 }
 
 
@@ -27,20 +40,19 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         prog='python -m nala_mm.datasets.demo',
         description="Generate the demos' data (ADE20K or COCO layout) where their configs "
                     'read it')
-    parser.add_argument('task', choices=sorted(DEMO_DATA), help='seg: ADE20K layout; det: COCO')
+    parser.add_argument('task', choices=sorted(DEMO_TASKS), help='seg: ADE20K layout; det: COCO')
     parser.add_argument('--root', help="dataset root (default: the demo config's data_root)")
     parser.add_argument('--num-train', type=int, help='training images')
     parser.add_argument('--num-val', type=int, help='validation images')
     parser.add_argument('--size', type=int, nargs=2, metavar=('H', 'W'), help='image size')
     parser.add_argument('--seed', type=int, default=0)
     args = parser.parse_args(argv)
-    generate, root, num_train, num_val, size = DEMO_DATA[args.task]
-    def given(value, default):
-        return default if value is None else value
+    task = DEMO_TASKS[args.task]
+    given = dict(num_train=args.num_train, num_val=args.num_val,
+                 image_size=None if args.size is None else tuple(args.size))
     try:
-        result = generate(given(args.root, root), num_train=given(args.num_train, num_train),
-                          num_val=given(args.num_val, num_val),
-                          image_size=tuple(given(args.size, size)), seed=args.seed)
+        result = task.generate(args.root or task.data_root, seed=args.seed,
+                               **{k: v for k, v in given.items() if v is not None})
     except ValueError as error:  # the generator names the bad value
         parser.error(str(error))
     print(f"{result['num_train']} training and {result['num_val']} validation images in "

@@ -37,15 +37,8 @@ import numpy as np
 from PIL import Image
 from tqdm import tqdm
 
+from . import synthetic_common as common
 from .synthetic_ade import ADE_CLASS_NAMES
-from .synthetic_common import (
-    read_stamp,
-    remove_stale,
-    stamp_is_current,
-    stamp_params,
-    validate_args,
-    write_stamp,
-)
 
 DEFAULT_ROOT = 'data/longrange/ade/ADEChallengeData2016'
 DEFAULT_SIZE = (128, 128)
@@ -234,14 +227,14 @@ def generate_longrange(root: str = DEFAULT_ROOT, num_train: int = 1000, num_val:
     Returns ``root``, ``num_train``, ``num_val``, ``classes`` (:data:`LONGRANGE_CLASSES`) and
     ``class_pixel_fraction`` (share of labelled validation pixels per class).
     """
-    height, width = validate_args(num_train, num_val, image_size, seed)
+    height, width = common.validate_args(num_train, num_val, image_size, seed)
     if min(height, width) < MIN_SIZE:
         raise ValueError(f'image_size must be at least {MIN_SIZE} px a side (objects stay '
                          f'{FAR_PX} px from the exemplar), got {tuple(image_size)!r}')
     root = os.fspath(root)
     counts = {'training': int(num_train), 'validation': int(num_val)}
-    params = stamp_params(_FORMAT_VERSION, counts['training'], counts['validation'], height,
-                          width, int(seed))
+    params = common.stamp_params(_FORMAT_VERSION, counts['training'], counts['validation'], height,
+                                 width, int(seed))
     stamp_path = os.path.join(root, _STAMP_NAME)
 
     def summary(fractions: Dict[str, float]) -> dict:
@@ -252,8 +245,8 @@ def generate_longrange(root: str = DEFAULT_ROOT, num_train: int = 1000, num_val:
                 for split, prefix in _SPLITS
                 for name in _file_names(prefix, counts[split])
                 for kind, suffix in (('images', '.jpg'), ('annotations', '.png'))]
-    stamp = read_stamp(stamp_path)
-    if stamp_is_current(stamp, params, expected, required_keys=('class_pixel_fraction',)):
+    stamp = common.read_stamp(stamp_path)
+    if common.stamp_is_current(stamp, params, expected, required_keys=('class_pixel_fraction',)):
         return summary(stamp['class_pixel_fraction'])
 
     val_pixels = np.zeros(len(LONGRANGE_CLASSES), dtype=np.int64)
@@ -265,9 +258,10 @@ def generate_longrange(root: str = DEFAULT_ROOT, num_train: int = 1000, num_val:
             for directory, suffix in ((image_dir, '.jpg'), (label_dir, '.png')):
                 os.makedirs(directory, exist_ok=True)
                 # mmseg loads every file it finds: drop those of an earlier, larger run
-                remove_stale(directory, [n + suffix for n in _file_names(prefix, counts[split])],
-                             lambda n, p=prefix, s=suffix: n.startswith(p + '_')
-                             and n.endswith(s))
+                wanted = [n + suffix for n in _file_names(prefix, counts[split])]
+                common.remove_stale(directory, wanted,
+                                    lambda n, p=prefix, s=suffix: n.startswith(p + '_')
+                                    and n.endswith(s))
             for index, name in enumerate(_file_names(prefix, counts[split])):
                 image, label = render(sample_scene(scene_rng(seed, split_code, index), height,
                                                    width))
@@ -280,7 +274,7 @@ def generate_longrange(root: str = DEFAULT_ROOT, num_train: int = 1000, num_val:
 
     fractions = {c: float(n) / float(val_pixels.sum())
                  for c, n in zip(LONGRANGE_CLASSES, val_pixels)}
-    write_stamp(stamp_path, {'params': params, 'class_pixel_fraction': fractions})
+    common.write_stamp(stamp_path, {'params': params, 'class_pixel_fraction': fractions})
     return summary(fractions)
 
 

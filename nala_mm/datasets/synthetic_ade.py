@@ -24,18 +24,8 @@ from mmseg.datasets import ADE20KDataset
 from PIL import Image
 from tqdm import tqdm
 
-from .synthetic_common import (
-    Grid,
-    colour_pair,
-    keeps_others_visible,
-    mix,
-    read_stamp,
-    remove_stale,
-    stamp_is_current,
-    stamp_params,
-    validate_args,
-    write_stamp,
-)
+from . import synthetic_common as common
+from .synthetic_common import Grid, colour_pair, keeps_others_visible, mix
 
 # The 150 ADE20K classes in official order, as mmseg spells them (a trailing space in 'bed ':
 # metainfo class subsets are matched by name).
@@ -267,8 +257,8 @@ def _file_names(split_prefix: str, count: int) -> List[str]:
 
 def _remove_stale(directory: str, split_prefix: str, suffix: str, keep: int) -> None:
     """Delete files of an earlier, larger generation: mmseg would load every file it finds."""
-    remove_stale(directory, [name + suffix for name in _file_names(split_prefix, keep)],
-                 lambda name: name.startswith(split_prefix + '_') and name.endswith(suffix))
+    common.remove_stale(directory, [name + suffix for name in _file_names(split_prefix, keep)],
+                        lambda name: name.startswith(split_prefix + '_') and name.endswith(suffix))
 
 
 def generate_ade_like(root: str, num_train: int = 160, num_val: int = 40,
@@ -288,23 +278,23 @@ def generate_ade_like(root: str, num_train: int = 160, num_val: int = 40,
         dict with ``root``, ``num_train``, ``num_val``, ``classes`` (:data:`DEMO_CLASSES`)
         and ``class_pixel_fraction`` (share of labelled validation pixels per class).
     """
-    height, width = validate_args(num_train, num_val, image_size, seed)
+    height, width = common.validate_args(num_train, num_val, image_size, seed)
     root = os.fspath(root)
     counts = {'training': int(num_train), 'validation': int(num_val)}
-    params = stamp_params(_FORMAT_VERSION, counts['training'], counts['validation'],
-                          height, width, int(seed))
+    params = common.stamp_params(_FORMAT_VERSION, counts['training'], counts['validation'],
+                                 height, width, int(seed))
     stamp_path = os.path.join(root, _STAMP_NAME)
 
     def summary(fractions: Dict[str, float]) -> dict:
         return {'root': root, 'num_train': params['num_train'], 'num_val': params['num_val'],
                 'classes': DEMO_CLASSES, 'class_pixel_fraction': fractions}
 
-    stamp = read_stamp(stamp_path)
+    stamp = common.read_stamp(stamp_path)
     expected = [os.path.join(root, kind, split, name + suffix)
                 for split, prefix in _SPLITS
                 for name in _file_names(prefix, counts[split])
                 for kind, suffix in (('images', '.jpg'), ('annotations', '.png'))]
-    if stamp_is_current(stamp, params, expected, required_keys=('class_pixel_fraction',)):
+    if common.stamp_is_current(stamp, params, expected, required_keys=('class_pixel_fraction',)):
         return summary(stamp['class_pixel_fraction'])
 
     val_pixels = np.zeros(len(DEMO_CLASSES), dtype=np.int64)
@@ -325,7 +315,7 @@ def generate_ade_like(root: str, num_train: int = 160, num_val: int = 40,
                 bar.update()
 
     fractions = {c: float(n) / float(val_pixels.sum()) for c, n in zip(DEMO_CLASSES, val_pixels)}
-    write_stamp(stamp_path, {'params': params, 'class_pixel_fraction': fractions})
+    common.write_stamp(stamp_path, {'params': params, 'class_pixel_fraction': fractions})
     return summary(fractions)
 
 

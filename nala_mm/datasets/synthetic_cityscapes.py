@@ -22,16 +22,8 @@ from mmseg.datasets import CityscapesDataset
 from PIL import Image
 from tqdm import tqdm
 
-from .synthetic_common import (
-    colour_pair,
-    mix,
-    read_stamp,
-    remove_stale,
-    stamp_is_current,
-    stamp_params,
-    validate_args,
-    write_stamp,
-)
+from . import synthetic_common as common
+from .synthetic_common import colour_pair, mix
 
 # in train-ID order
 CITYSCAPES_CLASSES: Tuple[str, ...] = tuple(CityscapesDataset.METAINFO['classes'])
@@ -133,9 +125,10 @@ def generate_cityscapes_like(root: str, num_train: int = 8, num_val: int = 4,
         dict with ``root``, ``num_train``, ``num_val``, ``classes`` (the 19) and
         ``class_pixel_fraction`` (share of labelled validation pixels per drawn class).
     """
-    height, width = validate_args(num_train, num_val, image_size, seed)
+    height, width = common.validate_args(num_train, num_val, image_size, seed)
     root = os.fspath(root)
-    params = stamp_params(_FORMAT_VERSION, int(num_train), int(num_val), height, width, int(seed))
+    params = common.stamp_params(_FORMAT_VERSION, int(num_train), int(num_val), height, width,
+                                 int(seed))
     stamp_path = os.path.join(root, _STAMP_NAME)
     plan = {split: _split_counts(count, cities) for (split, cities), count in
             zip(_SPLITS, (int(num_train), int(num_val)))}
@@ -149,8 +142,8 @@ def generate_cityscapes_like(root: str, num_train: int = 8, num_val: int = 4,
         return {'root': root, 'num_train': params['num_train'], 'num_val': params['num_val'],
                 'classes': CITYSCAPES_CLASSES, 'class_pixel_fraction': fractions}
 
-    stamp = read_stamp(stamp_path)
-    if stamp_is_current(stamp, params, expected, required_keys=('class_pixel_fraction',)):
+    stamp = common.read_stamp(stamp_path)
+    if common.stamp_is_current(stamp, params, expected, required_keys=('class_pixel_fraction',)):
         return summary(stamp['class_pixel_fraction'])
 
     for split, cities in plan.items():
@@ -159,9 +152,9 @@ def generate_cityscapes_like(root: str, num_train: int = 8, num_val: int = 4,
             for kind, suffix in (('leftImg8bit', IMAGE_SUFFIX), ('gtFine', LABEL_SUFFIX)):
                 directory = os.path.join(root, kind, split, city)
                 os.makedirs(directory, exist_ok=True)
-                remove_stale(directory, [s + suffix for s in wanted],
-                             lambda name, suffix=suffix: name.startswith(city + '_')
-                             and name.endswith(suffix))
+                common.remove_stale(directory, [s + suffix for s in wanted],
+                                    lambda name, suffix=suffix: name.startswith(city + '_')
+                                    and name.endswith(suffix))
     val_pixels = np.zeros(len(CITYSCAPES_CLASSES), np.int64)
     split_codes = {split: code for code, (split, _) in enumerate(_SPLITS)}
     for index, (split, city, stem) in enumerate(tqdm(files, desc='synthetic Cityscapes',
@@ -177,5 +170,5 @@ def generate_cityscapes_like(root: str, num_train: int = 8, num_val: int = 4,
                                       minlength=len(CITYSCAPES_CLASSES))[:len(CITYSCAPES_CLASSES)]
     total = float(val_pixels.sum())
     fractions = {name: float(val_pixels[TRAIN_ID[name]]) / total for name in DRAWN_CLASSES}
-    write_stamp(stamp_path, {'params': params, 'class_pixel_fraction': fractions})
+    common.write_stamp(stamp_path, {'params': params, 'class_pixel_fraction': fractions})
     return summary(fractions)

@@ -20,18 +20,8 @@ import numpy as np
 from PIL import Image, ImageDraw
 from tqdm import tqdm
 
-from .synthetic_common import (
-    Grid,
-    colour_pair,
-    keeps_others_visible,
-    mix,
-    read_stamp,
-    remove_stale,
-    stamp_is_current,
-    stamp_params,
-    validate_args,
-    write_stamp,
-)
+from . import synthetic_common as common
+from .synthetic_common import Grid, colour_pair, keeps_others_visible, mix
 
 COCO_DEMO_CLASSES: Tuple[str, ...] = ('disc', 'square', 'triangle', 'star')
 
@@ -160,8 +150,9 @@ def _file_names(count: int) -> List[str]:
 
 def _remove_stale(directory: str, keep: int) -> None:
     """Delete images of an earlier, larger generation so the folder matches the JSON."""
-    remove_stale(directory, _file_names(keep),
-                 lambda name: name.endswith('.jpg') and len(name) == 16 and name[:12].isdigit())
+    common.remove_stale(directory, _file_names(keep),
+                        lambda name: name.endswith('.jpg') and len(name) == 16
+                        and name[:12].isdigit())
 
 
 def generate_coco_like(root: str, num_train: int = 120, num_val: int = 30,
@@ -180,11 +171,11 @@ def generate_coco_like(root: str, num_train: int = 120, num_val: int = 30,
     Returns:
         dict with ``root``, ``num_train``, ``num_val`` and ``classes`` (:data:`COCO_DEMO_CLASSES`).
     """
-    height, width = validate_args(num_train, num_val, image_size, seed)
+    height, width = common.validate_args(num_train, num_val, image_size, seed)
     root = os.fspath(root)
     counts = {'train2017': int(num_train), 'val2017': int(num_val)}
-    params = stamp_params(_FORMAT_VERSION, counts['train2017'], counts['val2017'],
-                          height, width, int(seed))
+    params = common.stamp_params(_FORMAT_VERSION, counts['train2017'], counts['val2017'],
+                                 height, width, int(seed))
     summary = {'root': root, 'num_train': params['num_train'], 'num_val': params['num_val'],
                'classes': COCO_DEMO_CLASSES}
     stamp_path = os.path.join(root, _STAMP_NAME)
@@ -192,7 +183,7 @@ def generate_coco_like(root: str, num_train: int = 120, num_val: int = 30,
     expected = [os.path.join(ann_dir, f'instances_{split}.json') for split in _SPLITS]
     expected += [os.path.join(root, split, name)
                  for split in _SPLITS for name in _file_names(counts[split])]
-    if stamp_is_current(read_stamp(stamp_path), params, expected):
+    if common.stamp_is_current(common.read_stamp(stamp_path), params, expected):
         return summary
 
     categories = [{'id': i + 1, 'name': name, 'supercategory': 'shape'}
@@ -222,5 +213,5 @@ def generate_coco_like(root: str, num_train: int = 120, num_val: int = 30,
             with open(os.path.join(ann_dir, f'instances_{split}.json'), 'w', encoding='utf-8') as f:
                 json.dump(dataset, f)
 
-    write_stamp(stamp_path, {'params': params})
+    common.write_stamp(stamp_path, {'params': params})
     return summary

@@ -1,6 +1,6 @@
 """Backbone, token mixers, their specs, and the stock backbones with NaLa swapped in."""
 from . import swap  # noqa: E402  (registers the swapped stock backbones)
-from .mixer_specs import DEFAULT_HYBRID, PRESETS, SHORTHANDS, build_mixer, mixer_config
+from .mixer_specs import DEFAULT_HYBRID, SHORTHANDS, build_mixer, mixer_config
 from .mixers import (
                      GatedAttention,
                      IdentityAttention,
@@ -13,6 +13,6 @@ from .nalaformer import ARCH_SETTINGS, NaLaFormer
 from .pretrained import PRETRAINED, checkpoint_filter, load_pretrained
 
 __all__ = ['GatedAttention', 'KernelizedMixer', 'NormAwareLinearAttention', 'LinearAttention',
-           'SoftmaxAttention', 'IdentityAttention', 'DEFAULT_HYBRID', 'PRESETS', 'SHORTHANDS',
+           'SoftmaxAttention', 'IdentityAttention', 'DEFAULT_HYBRID', 'SHORTHANDS',
            'build_mixer', 'mixer_config', 'NaLaFormer', 'ARCH_SETTINGS', 'PRETRAINED',
            'checkpoint_filter', 'load_pretrained', 'swap']

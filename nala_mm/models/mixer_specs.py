@@ -12,7 +12,6 @@ apart by :func:`mixer_config`'s ``keep_stock``:
   attention module untouched (Swin's windows, MiT's spatial reduction, ViT's
   ``MultiheadAttention``), which is what makes an all-``'softmax'`` swap its parent exactly.
 """
-from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Union
 
 from mmengine.registry import MODELS
@@ -32,38 +31,6 @@ SHORTHANDS: Dict[str, dict] = {
 KEEP_STOCK = 'softmax'
 # The released hybrid: NaLa in the two high-resolution stages, softmax attention in the others.
 DEFAULT_HYBRID = ('nala', 'nala', 'softmax', 'softmax')
-
-
-@dataclass(frozen=True)
-class MixerPreset:
-    """A named mixer of the comparisons: a label for tables and the config every stage gets."""
-    label: str
-    mixer: dict
-
-
-# The mixers the comparisons train (benchmarks/ablation.py on the demo data, benchmarks/
-# longrange.py; configs/ablation/* hold the same configs, checked by a test).
-PRESETS: Dict[str, MixerPreset] = {
-    'nala-cosine': MixerPreset("NaLa, paper's cosine kernel",
-                               dict(type='NormAwareLinearAttention', kernel='cosine')),
-    'nala-relu': MixerPreset('NaLa, released ReLU kernel',
-                             dict(type='NormAwareLinearAttention', kernel='relu')),
-    'nala-fixed-power': MixerPreset(
-        'NaLa without norm awareness (cosine kernel, p = 3)',
-        dict(type='NormAwareLinearAttention', kernel='cosine', norm_aware=False)),
-    'nala-positive': MixerPreset('NaLa, positive-only kernel',
-                                 dict(type='NormAwareLinearAttention', kernel='positive')),
-    'linear-relu': MixerPreset('plain linear attention (ReLU)',
-                               dict(type='LinearAttention', feature_map='relu')),
-    'linear-elu': MixerPreset('plain linear attention (1 + ELU)',
-                              dict(type='LinearAttention', feature_map='elu')),
-    'softmax': MixerPreset('softmax attention', dict(type='SoftmaxAttention')),
-    'identity': MixerPreset('control: no token mixing', dict(type='IdentityAttention')),
-    # an exponent that stays responsive where tanh ||q|| saturates (docs/longrange.md)
-    'nala-rms': MixerPreset('NaLa, exponent reads ‖q‖/√d (cosine kernel)',
-                            dict(type='NormAwareLinearAttention', kernel='cosine',
-                                 query_norm='rms')),
-}
 
 
 def mixer_config(entry: MixerEntry, keep_stock: bool = False) -> Optional[dict]:

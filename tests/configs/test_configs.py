@@ -154,19 +154,6 @@ def test_detection_configs_carry_a_flip_tta():
     assert demo.tta_pipeline[1].transforms[0][0].scale == demo.image_scale
 
 
-ABLATION_CONFIGS = sorted(glob.glob(osp.join(REPO, 'configs', 'ablation', '*.py')))
-
-
-@pytest.mark.parametrize('path', ABLATION_CONFIGS, ids=osp.basename)
-def test_each_ablation_config_is_its_named_preset_in_all_four_stages(path):
-    """``configs/ablation/ade20k_nala-t_upernet_<preset>.py`` trains the preset the benchmarks
-    compare under that name (nala_mm.models.mixer_specs.PRESETS)."""
-    from nala_mm.models import PRESETS
-    name = osp.splitext(osp.basename(path))[0].rsplit('_', 1)[1]
-    assert name in PRESETS, f'{path} names no preset; presets: {sorted(PRESETS)}'
-    assert list(load(path).model.backbone.mixers) == [PRESETS[name].mixer] * 4
-
-
 def test_the_long_range_vits_are_the_stock_vit_and_its_swap():
     """One ViT layer decoded at stride 8 from the 16 x 16 patch grid; the swap changes the
     backbone type and its layer's mixer only."""

@@ -8,8 +8,9 @@ from mmengine.registry import init_default_scope
 from PIL import Image
 
 from nala_mm.config_loading import load_config
+from nala_mm.data_samples import synthetic_batch
 from nala_mm.models import NormAwareLinearAttention
-from nala_mm.ops import NaLaConfig, nala_attention, nala_attention_reference, rope_table
+from nala_mm.ops import NaLaConfig, nala_attention, rope_table
 from tests.helpers import DEMO_SEG_CFG
 
 
@@ -30,11 +31,7 @@ def segmentor(segmentor_cfg):
 
 @pytest.mark.parametrize('height, width', [(17, 23), (64, 2048), (2048, 64), (1, 1)])
 def test_segmentor_handles_tiny_and_extreme_shapes(segmentor, height, width):
-    from mmseg.structures import SegDataSample
-    image = torch.randint(0, 256, (3, height, width), dtype=torch.uint8)
-    sample = SegDataSample(metainfo=dict(ori_shape=(height, width), img_shape=(height, width),
-                                         pad_shape=(height, width)))
-    data = segmentor.data_preprocessor(dict(inputs=[image], data_samples=[sample]), False)
+    data = segmentor.data_preprocessor(synthetic_batch('mmseg', 1, height, width), False)
     with torch.no_grad():
         result = segmentor.predict(data['inputs'], data['data_samples'])[0]
     logits = result.seg_logits.data
@@ -85,5 +82,5 @@ def test_property_attention_finite_and_fast_equals_reference(height, width, head
     cfg = NaLaConfig(kernel=kernel)
     fast = nala_attention(q, k, v, cfg, rope)
     assert torch.isfinite(fast).all()
-    reference = nala_attention_reference(q, k, v, cfg, rope)
+    reference = nala_attention(q, k, v, cfg, rope, mode='reference')
     assert torch.allclose(fast, reference, rtol=1e-7, atol=1e-7 * float(v.abs().max()))
