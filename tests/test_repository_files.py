@@ -38,8 +38,8 @@ def test_changelog_covers_every_issue_the_history_names():
     subjects = subprocess.run(['git', 'log', '--format=%s'], cwd=REPO, capture_output=True,
                               text=True).stdout
     issues = set(re.findall(r'#\d+', subjects))
-    assert {'#12', '#15', '#21', '#23'} <= issues  # the history is readable here
-    missing = sorted(i for i in issues | {'#31'} if not re.search(rf'{i}\b', changelog))
+    assert issues, 'no commit subject names an issue: is this a shallow clone?'
+    missing = sorted(i for i in issues if not re.search(rf'{i}\b', changelog))
     assert not missing, f'CHANGELOG.md says nothing of {missing}'
 
 
