@@ -15,6 +15,8 @@ def data_samples(scope: str, batch: int, height: int, width: int,
         from mmseg.structures import SegDataSample as Sample
     else:
         raise ValueError(f"scope must be 'mmseg' or 'mmdet', got {scope!r}")
+    if num_classes is not None and scope != 'mmseg':
+        raise ValueError('random ground truth is drawn for segmentation only')
     shape = (height, width)
     meta = dict(img_shape=shape, ori_shape=shape, pad_shape=shape, batch_input_shape=shape,
                 scale_factor=(1.0, 1.0), flip=False, flip_direction=None)
@@ -22,8 +24,6 @@ def data_samples(scope: str, batch: int, height: int, width: int,
     for _ in range(batch):
         sample = Sample(metainfo=dict(meta))
         if num_classes is not None:
-            if scope != 'mmseg':
-                raise ValueError('random ground truth is drawn for segmentation only')
             from mmengine.structures import PixelData
             sample.gt_sem_seg = PixelData(
                 data=torch.randint(0, num_classes, (1, *shape), device=device))

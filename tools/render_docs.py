@@ -61,9 +61,9 @@ def _load(name: str) -> Any:
     text = (RESULTS / name).read_text(encoding='utf-8')
     if name.endswith('.json'):
         return json.loads(text)
-    cells = [[[c.strip() for c in r.strip('|').split('|')] for r in t.splitlines()]
-             for t in tables(text)]
-    return [[dict(zip(t[0], r)) for r in t[2:]] for t in cells]
+    raw = tables(text)
+    cells = [[[c.strip() for c in r.strip('|').split('|')] for r in t.splitlines()] for t in raw]
+    return raw, [[dict(zip(t[0], r)) for r in t[2:]] for t in cells]
 
 
 def _step(value: Any, step: str) -> Any:
@@ -91,25 +91,24 @@ def render(spec: str) -> str:
     name, key, fmt = (spec.split() + ['', ''])[:3]
     data = _load(name)
     if name.endswith('.md'):
+        raw, data = data
         if key.isdigit():
-            table = tables((RESULTS / name).read_text('utf-8'))[int(key) - 1]
-            head, rule, *rows = table.split('\n')
+            head, rule, *rows = raw[int(key) - 1].split('\n')
             return '\n'.join(['', head, rule, *(r for r in rows if unquote(fmt) in r), ''])
         key = re.sub(r'^\d+', lambda m: str(int(m.group(0)) - 1), key)  # tables count from 1
     try:
         value = [_lookup(data, p) for p in key.split(',')] if ',' in key else _lookup(data, key)
-    except (KeyError, IndexError, StopIteration, TypeError) as err:
-        raise KeyError(f'{name}: no {spec.split()[1]!r} ({err!r})') from None
-    *stages, last = fmt.split('|')
-    for stage in stages + ([last] if last in TRANSFORMS else []):
-        value = TRANSFORMS[stage](value)
-    last = '' if last in TRANSFORMS else last
-    return ', '.join(format(v, last) for v in value) if isinstance(value, list) \
-        else format(value, last)
+        *stages, last = fmt.split('|')
+        for stage in stages + ([last] if last in TRANSFORMS else []):
+            value = TRANSFORMS[stage](value)
+        last = '' if last in TRANSFORMS else last
+        return ', '.join(format(v, last) for v in value) if isinstance(value, list) \
+            else format(value, last)
+    except (KeyError, IndexError, StopIteration, TypeError, ValueError) as err:
+        raise KeyError(f'{name}: cannot render {spec!r} ({err!r})') from None
 
 
-def figures(text: str) -> Iterator[Tuple[re.Match, str]]:
-    """Each marker of a page with the text its file renders."""
+def figures(text: str) -> Iterator[Tuple[re.Match, str]]:  # each marker, and what it renders
     return ((m, render(m.group('spec'))) for m in MARKER.finditer(text))
 
 

@@ -1,7 +1,6 @@
-"""The pages' figures read what their results files render (``tools/render_docs.py``), and every
-other measurement-like number (a decimal, or a number with ``×``, ``%``, ``ms``, ``MiB``, ``GiB``,
-``s``, ``min``) is listed in :data:`NOT_MEASURED` with its reason. Not swept: code, link targets,
-versions, sizes (``3×3``), bounds after ``<>≤≥`` and bare powers of ten (settings)."""
+"""The pages' figures read what their results files render (``tools/render_docs.py``); any other
+measurement-like number (a decimal, or with a unit) is in :data:`NOT_MEASURED` with its reason.
+Not swept: code, link targets, versions, sizes (``3×3``), bounds, bare powers of ten (settings)."""
 import re
 import sys
 from pathlib import Path
@@ -102,8 +101,10 @@ def test_the_renderer_catches_edits_stale_files_and_missing_files(results):
     (results / 'run.json').unlink()
     with pytest.raises(FileNotFoundError, match='run.json is quoted but is not committed'):
         list(render_docs.figures(page))
-    with pytest.raises(KeyError, match="run.md: no '1.side=2048.ms'"):
+    with pytest.raises(KeyError, match="run.md: cannot render 'run.md 1.side=2048.ms s'"):
         render_docs.render('run.md 1.side=2048.ms s')
+    with pytest.raises(KeyError, match="cannot render 'run.md 1.0.ms pctt|.1f'"):
+        render_docs.render('run.md 1.0.ms pctt|.1f')  # a misspelt transform
 
 
 def test_a_number_outside_a_figure_is_swept():
