@@ -20,7 +20,7 @@ What a swapped block is trained to reproduce, and how (:class:`TransferOptions`)
 * the loss is the mean squared error normalised by the teacher's mean square per block (a
   relative error, so blocks of every scale weigh alike), Adam at ``lr``, no weight decay.
 
-The defaults are what ``benchmarks/linearize.py --choices`` measured on a small Swin
+The defaults are what ``benchmarks/studies/linearize_choices.py`` measured on a small Swin
 (docs/linearize.md, "The choices, measured"): the block's output as the target, the student in
 sequence, every mixer parameter (the carried q/k/v move too) and lr 1e-3.
 """
@@ -66,7 +66,7 @@ def swapped_blocks(student: SwappedAttentionMixin) -> List[str]:
     if not isinstance(student, SwappedAttentionMixin):
         raise TypeError(f'attention transfer needs a stock backbone with NaLa swapped in '
                         f'(nala_mm.models.swap), got {type(student).__name__}')
-    names = [name.rsplit('.', 1)[0] for name in student._swapped_names]
+    names = [name.rsplit('.', 1)[0] for name in student.swapped_names]
     if not names:
         raise ValueError(f'{type(student).__name__} has no swapped block: its mixers are '
                          f'{student.mixers}; name a NaLa mixer (e.g. "nala") for at least one '
@@ -78,8 +78,8 @@ def build_teacher(student: SwappedAttentionMixin, backbone_cfg: Mapping) -> nn.M
     """The student's stock parent with the config's arguments minus ``mixers`` (and without
     any pretrained initialisation: the weights come from the checkpoint)."""
     kwargs = {k: v for k, v in backbone_cfg.items()
-              if k not in ('type', 'mixers', 'init_cfg', 'pretrained')}
-    return student._stock_parent()(**kwargs)
+              if k not in ('type', 'mixers', 'mode', 'init_cfg', 'pretrained')}
+    return student.stock_parent()(**kwargs)
 
 
 def load_teacher(teacher: nn.Module, student: SwappedAttentionMixin, checkpoint: Mapping,
@@ -88,7 +88,7 @@ def load_teacher(teacher: nn.Module, student: SwappedAttentionMixin, checkpoint:
     parent's converter, position tables resized). Raises when it is not a checkpoint of this
     stock backbone: a teacher tensor missing or of another shape."""
     own = teacher.state_dict()
-    state = student._adapt_state(student._upstream_state(checkpoint), own)
+    state = student.adapt_state(student.upstream_state(checkpoint), own)
     missing = [k for k in own if k not in state]
     shapes = [f'{k} {tuple(state[k].shape)} vs {tuple(own[k].shape)}' for k in own
               if k in state and state[k].shape != own[k].shape]
@@ -251,7 +251,7 @@ def linearize(teacher: nn.Module, student: SwappedAttentionMixin,
     before = errors(teacher, student, held_out)
     run = attention_transfer(teacher, student, batches, options, progress)
     after = errors(teacher, student, held_out)
-    units = {name.rsplit('.', 1)[0]: unit for name, unit in student._swapped_names.items()}
+    units = {name.rsplit('.', 1)[0]: unit for name, unit in student.swapped_names.items()}
     rows = [dict(name=key, unit=units.get(key), rel_l2_before=before[key],
                  rel_l2_after=after[key]) for key in before]
     print_log(report_table(rows, run), logger='current')

@@ -9,9 +9,14 @@ import sys
 from pathlib import Path
 from typing import Dict
 
+import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
+# What a device-parametrised test runs on (fla's pattern): the CPU, and CUDA where there is one;
+# `make test-cuda` selects the CUDA cases (-m cuda). Without a GPU they are skipped, never faked.
+DEVICES = ['cpu', pytest.param('cuda', marks=[
+    pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason='no CUDA device')])]
 PYTHON = sys.executable
 DEMO_SEG_CFG = str(REPO / 'configs' / 'demo' / 'ade20k_demo_nala_upernet.py')
 DEMO_DET_CFG = str(REPO / 'configs' / 'demo' / 'coco_demo_nala_mask-rcnn.py')

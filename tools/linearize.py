@@ -103,7 +103,7 @@ def load_student(model, checkpoint: dict, whole: bool, source: str) -> None:
         raise ValueError(f'{source}: backbone tensors neither in the checkpoint nor new in the '
                          f'mixers: {unexplained[:6]}')
     print_log('carried into the swapped units:\n  ' + '\n  '.join(
-        report.lines(student._swapped_names, student.mixer_unit)), logger='current')
+        report.lines(student.swapped_names, student.mixer_unit)), logger='current')
     if whole:
         _, full = split_whole_model(checkpoint)
         heads = {k: v for k, v in full.items() if not k.startswith('backbone.')}

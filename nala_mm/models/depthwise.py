@@ -2,7 +2,7 @@
 import torch
 from torch import Tensor, nn
 
-from ..ops import conv2d
+from ..ops import conv2d, resolve_mode
 
 
 def conv_tokens(conv: nn.Module, tokens: Tensor) -> Tensor:
@@ -13,10 +13,17 @@ def conv_tokens(conv: nn.Module, tokens: Tensor) -> Tensor:
 
 class TokenConv2d(nn.Conv2d):
     """``nn.Conv2d`` (same parameters and names) whose training backward takes the faster CPU
-    weight-gradient paths of :mod:`nala_mm.ops.fused.conv_weight_grad` for channels-last inputs."""
+    weight-gradient paths of :mod:`nala_mm.ops.fused.conv_weight_grad` for channels-last inputs
+    (``mode='fast'``; ``'reference'`` is ``F.conv2d``)."""
+
+    def __init__(self, *args, mode: str = 'fast', **kwargs):
+        super().__init__(*args, **kwargs)
+        resolve_mode(mode)  # validates
+        self.mode = mode
 
     def forward(self, x: Tensor) -> Tensor:
-        return conv2d(x, self.weight, self.bias, self.stride, self.padding, self.groups)
+        return conv2d(x, self.weight, self.bias, self.stride, self.padding, self.groups,
+                      mode=self.mode)
 
 
 class ResidualDepthwiseConv(nn.Conv2d):

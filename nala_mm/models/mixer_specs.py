@@ -73,11 +73,19 @@ def resolve_mixers(mixers: Sequence[MixerEntry], count: int, unit: str = 'stage'
     return [mixer_config(entry, keep_stock) for entry in entries]
 
 
-def build_mixer(cfg: dict, embed_dims: int, num_heads: int) -> GatedAttention:
-    """The mixer ``cfg`` (from :func:`mixer_config`) at the given sizes."""
-    mixer = MODELS.build(dict(cfg, embed_dims=embed_dims, num_heads=num_heads))
-    if not isinstance(mixer, GatedAttention):
-        raise TypeError(f'mixer {cfg["type"]!r} built a {type(mixer).__name__}; a token mixer '
-                        f'must subclass nala_mm.models.GatedAttention (the shared qkvg/LePE/'
-                        f'gate wrapper)')
-    return mixer
+def build_mixer(cfg: dict, embed_dims: int, num_heads: int,
+                mode: Optional[str] = None) -> GatedAttention:
+    """The mixer ``cfg`` (from :func:`mixer_config`) at the given sizes; ``mode``, the
+    backbone's (:mod:`nala_mm.ops.mode`), unless ``None``. A config that names another mode
+    than its backbone is refused: one switch means one thing."""
+    cls = MODELS.get(cfg['type']) if isinstance(cfg['type'], str) else cfg['type']
+    if cls is not None and not (isinstance(cls, type) and issubclass(cls, GatedAttention)):
+        raise TypeError(f'mixer {cfg["type"]!r} built a {getattr(cls, "__name__", cls)}; a '
+                        f'token mixer must subclass nala_mm.models.GatedAttention (the shared '
+                        f'qkvg/LePE/gate wrapper)')
+    if mode is not None:
+        if cfg.get('mode', mode) != mode:
+            raise ValueError(f'mixer {cfg} sets mode={cfg["mode"]!r} inside a backbone built '
+                             f'with mode={mode!r}; set it once, on the backbone')
+        cfg = dict(cfg, mode=mode)
+    return MODELS.build(dict(cfg, embed_dims=embed_dims, num_heads=num_heads))

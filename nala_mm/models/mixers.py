@@ -82,7 +82,7 @@ class GatedAttention(BaseModule):
         self.rope_base = rope_base
         self.qkvg = nn.Linear(embed_dims, 4 * embed_dims)
         self.lepe = TokenConv2d(embed_dims, embed_dims, lepe_kernel_size,
-                                padding=lepe_kernel_size // 2, groups=embed_dims)
+                                padding=lepe_kernel_size // 2, groups=embed_dims, mode=mode)
         self.ln = nn.LayerNorm(embed_dims, eps=1e-5)
         self.out_proj = nn.Linear(embed_dims, embed_dims)
 

@@ -138,14 +138,14 @@ class NaLaBlock(nn.Module):
     """
 
     def __init__(self, channels: int, num_heads: int, mlp_ratio: float, mixer_cfg: dict,
-                 layer_scale_init: float, drop_path: float, with_cp: bool):
+                 layer_scale_init: float, drop_path: float, with_cp: bool, mode: str = 'fast'):
         super().__init__()
         self.cpe1 = ResidualDepthwiseConv(channels)  # x + dwconv(x)
         self.norm1 = TokenNorm(channels, BLOCK_NORM_CFG)
-        self.attn = build_mixer(mixer_cfg, channels, num_heads)
+        self.attn = build_mixer(mixer_cfg, channels, num_heads, mode)
         self.cpe2 = ResidualDepthwiseConv(channels)
         self.norm2 = TokenNorm(channels, BLOCK_NORM_CFG)
-        self.ffn = ConvFFN(channels, int(channels * mlp_ratio))
+        self.ffn = ConvFFN(channels, int(channels * mlp_ratio), mode)
         # (1, C, 1, 1) as in the authors' checkpoints; applied over the tokens' last dim
         self.gamma_1 = nn.Parameter(torch.full((1, channels, 1, 1), float(layer_scale_init)))
         self.gamma_2 = nn.Parameter(torch.full((1, channels, 1, 1), float(layer_scale_init)))
@@ -192,9 +192,10 @@ class NaLaStage(nn.Module):
 
 class Downsample(nn.Module):
 
-    def __init__(self, in_channels: int, out_channels: int, norm_cfg: dict):
+    def __init__(self, in_channels: int, out_channels: int, norm_cfg: dict, mode: str = 'fast'):
         super().__init__()
-        self.reduction = TokenConv2d(in_channels, out_channels, 3, stride=2, padding=1)
+        self.reduction = TokenConv2d(in_channels, out_channels, 3, stride=2, padding=1,
+                                     mode=mode)
         self.norm = build_norm_layer(norm_cfg, out_channels)[1]
 
     def forward(self, x: Tensor) -> Tensor:
@@ -244,6 +245,9 @@ class NaLaFormer(BaseModule):
         norm_eval: keep BatchNorm layers in eval mode while training.
         with_cp: activation checkpointing per block (less memory, one more forward).
         norm_cfg: norm of the stem and downsample convs (``dict(type='SyncBN')`` for DDP).
+        mode: ``'fast'`` or ``'reference'`` for every op with two paths: the mixers' attention,
+            gate norm and LePE, the FFN's GELU + conv, the downsample convs
+            (:mod:`nala_mm.ops.mode`; same numbers, the reference keeps more for the backward).
         init_cfg: ``dict(type='Pretrained', checkpoint=PATH, use_ema=False)`` loads the authors'
             classification checkpoint, a converted one or a whole detector/segmentor's (see
             :mod:`nala_mm.models.pretrained`); anything else is mmengine's initialisation.
@@ -257,8 +261,9 @@ class NaLaFormer(BaseModule):
                  drop_path_rate: Optional[float] = None, frozen_stages: int = -1,
                  norm_eval: bool = False, with_cp: bool = False,
                  norm_cfg: dict = dict(type='BN', requires_grad=True),
-                 init_cfg: Optional[dict] = None):
+                 mode: str = 'fast', init_cfg: Optional[dict] = None):
         super().__init__(init_cfg=init_cfg)
+        resolve_mode(mode)  # validates
         settings = resolve_arch(arch)
         mixer_cfgs = resolve_mixers(mixers, NUM_STAGES)
         out_indices = tuple(out_indices)
@@ -279,6 +284,7 @@ class NaLaFormer(BaseModule):
         self.out_norm_cfg = None if out_norm_cfg is None else dict(out_norm_cfg)
         self.frozen_stages = frozen_stages
         self.norm_eval = norm_eval
+        self.mode = mode
 
         self.patch_embed = PatchEmbed(in_channels, self.embed_dims[0], norm_cfg)
         depths = settings['depths']
@@ -290,9 +296,9 @@ class NaLaFormer(BaseModule):
             blocks = nn.ModuleList(
                 NaLaBlock(self.embed_dims[i], settings['num_heads'][i], settings['mlp_ratios'][i],
                           mixer_cfgs[i], settings['layer_scale_init_values'][i],
-                          drop_rates[first + j], with_cp)
+                          drop_rates[first + j], with_cp, mode)
                 for j in range(depths[i]))
-            downsample = Downsample(self.embed_dims[i], self.embed_dims[i + 1], norm_cfg) \
+            downsample = Downsample(self.embed_dims[i], self.embed_dims[i + 1], norm_cfg, mode) \
                 if i < NUM_STAGES - 1 else None
             self.layers.append(NaLaStage(blocks, downsample))
         # Per-output norms, named so they cannot collide with the authors' top-level ``norm.*``;

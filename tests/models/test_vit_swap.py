@@ -80,7 +80,7 @@ def test_stock_checkpoint_carries_into_the_swapped_layers(tmp_path, caplog):
             assert torch.equal(state[key], value), key
     # the log names every layer, and what moved where
     assert sorted(report.carried) == ['layers.0.attn', 'layers.1.attn']
-    lines = report.lines(ours._swapped_names, 'layer')
+    lines = report.lines(ours.swapped_names, 'layer')
     assert lines[0].startswith('layer 1, 1 block, per block: carried ')
     assert 'attn.in_proj_weight -> mixer.qkvg.weight[:192]' in lines[0]
 

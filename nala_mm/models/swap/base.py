@@ -3,8 +3,11 @@ carry-over of a stock checkpoint's attention weights into the mixers.
 
 A family file (:mod:`.swin`, :mod:`.spatial_reduction`, :mod:`.vit`) subclasses
 :class:`SwappedAttentionMixin` with where its blocks are, what replaces one block's attention
-and how its upstream checkpoints are laid out, and registers ``<Family mixin>, <stock parent>``
-subclasses. The carry-over is a pure function over state dicts (:func:`carry_over`): the upstream
+(a :class:`SwappedAttention` with the stock module's ``forward`` signature) and how its upstream
+checkpoints are laid out, and registers ``<Family mixin>, <stock parent>`` subclasses. What the
+attention transfer (:mod:`nala_mm.linearize`) needs is public on the mixin: ``swapped_names``,
+``stock_parent()``, ``upstream_state()`` and ``adapt_state()``. The carry-over is a pure
+function over state dicts (:func:`carry_over`): the upstream
 attention's fused q, k, v projection goes into the first ``3C`` rows of the mixer's ``qkvg``
 (the same q | k | v row order), its output projection into ``out_proj``; what has no counterpart
 in a global mixer is dropped; the mixer's own parts (the gate rows ``qkvg[3C:]``, LePE, its
@@ -12,23 +15,20 @@ LayerNorm ``ln``) stay as the mixer initialised them. Every tensor is accounted 
 :class:`CarryOverReport`.
 """
 from dataclasses import dataclass, field
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from mmengine.logging import MMLogger
 from mmengine.runner.checkpoint import CheckpointLoader, load_state_dict
 from torch import Tensor, nn
 
+from ...ops import resolve_mode
 from ..mixer_specs import DEFAULT_HYBRID, MixerEntry, resolve_mixers
 from ..state_dicts import backbone_state_dict
-
-# the module name under which an adapter holds its mixer (``<attention>.mixer.qkvg.weight``)
-MIXER_ATTR = 'mixer'
 
 
 @dataclass(frozen=True)
 class AttentionLayout:
     """Names, relative to the upstream attention module, of the tensors that carry over."""
-    name: str
     qkv_weight: str
     qkv_bias: str
     proj_weight: str
@@ -68,16 +68,17 @@ class CarryOverReport:
 
 
 def carry_over(state_dict: Mapping[str, Tensor], model_state: Mapping[str, Tensor],
-               swapped: Mapping[str, AttentionLayout]
+               swapped: Iterable[str], layout: AttentionLayout
                ) -> Tuple[Dict[str, Tensor], CarryOverReport]:
     """Map an upstream backbone state dict onto a backbone whose attention modules ``swapped``
-    (name -> the upstream layout they replace) now hold a token mixer.
+    now hold a token mixer (a :class:`SwappedAttention`, the mixer in ``.mixer``).
 
     Args:
         state_dict: the upstream backbone's tensors, keys relative to the backbone.
         model_state: the swapped backbone's current ``state_dict()``; the mixer's gate rows and
             new parts are taken from it.
-        swapped: attention module name (``'stages.0.blocks.1.attn'``) -> upstream layout.
+        swapped: names of the swapped attention modules (``'stages.0.blocks.1.attn'``).
+        layout: where the upstream attention holds the tensors that carry over.
 
     Returns:
         A new state dict (other keys untouched) and the report. A checkpoint that already holds
@@ -88,8 +89,8 @@ def carry_over(state_dict: Mapping[str, Tensor], model_state: Mapping[str, Tenso
     """
     state = dict(state_dict)
     report = CarryOverReport()
-    for name, layout in swapped.items():
-        source, target = f'{name}.', f'{name}.{MIXER_ATTR}.'
+    for name in swapped:
+        source, target = f'{name}.', f'{name}.mixer.'
         under_source = sorted(k for k in state if k.startswith(source)
                               and not k.startswith(target))
         if f'{target}qkvg.weight' in state:
@@ -141,21 +142,31 @@ def _check_shape(key: str, value: Tensor, expected: Tuple[int, ...]) -> None:
                          f'embed_dims / num_heads of the config those of the checkpoint?)')
 
 
-def tokens_to_grid(tokens: Tensor, hw_shape: Sequence[int]) -> Tensor:
-    """``(B, H*W, C)`` tokens -> the ``(B, H, W, C)`` grid a mixer takes."""
-    batch, length, channels = tokens.shape
-    height, width = hw_shape
-    if length != height * width:
-        raise ValueError(f'{length} tokens do not form the {height}x{width} grid (hw_shape) '
-                         f'they were given with')
-    return tokens.reshape(batch, height, width, channels)
+class SwappedAttention(nn.Module):
+    """What takes a stock attention module's place: the token mixer (``mixer``, the name
+    swapped checkpoints carry: ``<attention>.mixer.qkvg.weight``) and the stock module's two
+    dropouts, reused (``proj_drop`` after the output projection, ``drop_path`` on the residual
+    branch). A family subclasses it with the stock module's ``forward`` signature."""
+
+    def __init__(self, mixer: nn.Module, proj_drop: nn.Module, drop_path: nn.Module):
+        super().__init__()
+        self.mixer = mixer
+        self.proj_drop = proj_drop
+        self.drop_path = drop_path
+
+    def branch(self, tokens: Tensor, hw_shape: Sequence[int], num_prefix: int = 0) -> Tensor:
+        """``(B, num_prefix + H*W, C)`` tokens -> the residual branch
+        ``drop_path(proj_drop(mixer(tokens)))``, the same shape."""
+        return self.drop_path(self.proj_drop(
+            self.mixer(tokens, hw_shape=hw_shape, num_prefix=num_prefix)))
 
 
 class SwappedAttentionMixin:
     """Mixed in before a stock backbone class; a family defines the hooks below.
 
     Takes ``mixers`` (one entry per stage, or per layer in a ViT; ``'softmax'`` keeps the stock
-    module, see :mod:`nala_mm.models.mixer_specs`) and passes every other argument to the stock
+    module, see :mod:`nala_mm.models.mixer_specs`) and ``mode`` (``'fast' | 'reference'``, for
+    every swapped mixer: :mod:`nala_mm.ops.mode`), and passes every other argument to the stock
     parent.
     """
     # the upstream attention a swapped block replaces (what :func:`carry_over` maps)
@@ -163,11 +174,15 @@ class SwappedAttentionMixin:
     # what one ``mixers`` entry is for, in messages and the carry-over log
     mixer_unit = 'stage'
 
-    def __init__(self, mixers: Sequence[MixerEntry] = DEFAULT_HYBRID, **kwargs):
+    def __init__(self, mixers: Sequence[MixerEntry] = DEFAULT_HYBRID, mode: str = 'fast',
+                 **kwargs):
         super().__init__(**kwargs)
+        resolve_mode(mode)  # validates
+        self.mode = mode
         self._swap_units(mixers)
 
     # ------------------------------------------------------------------ family hooks
+    # (called by this class only; public ones below are also what the attention transfer uses)
     def _num_units(self) -> int:
         """How many ``mixers`` entries the backbone takes."""
         raise NotImplementedError
@@ -176,17 +191,22 @@ class SwappedAttentionMixin:
         """The blocks of stage or layer ``unit``, each with its attention module in ``.attn``."""
         raise NotImplementedError
 
-    def _global_attention(self, stock: nn.Module, mixer_cfg: dict) -> nn.Module:
-        """The module that takes ``stock``'s place and runs the mixer ``mixer_cfg``."""
+    def _global_attention(self, stock: nn.Module, mixer_cfg: dict) -> SwappedAttention:
+        """The module that takes ``stock``'s place and runs the mixer ``mixer_cfg`` (built with
+        ``build_mixer(mixer_cfg, ..., self.mode)``)."""
         raise NotImplementedError
 
-    def _upstream_state(self, checkpoint: Mapping) -> Dict[str, Tensor]:
+    def _after_swap(self) -> None:
+        """Re-apply what the parent did in ``__init__`` to modules the swap replaced."""
+
+    def upstream_state(self, checkpoint: Mapping) -> Dict[str, Tensor]:
         """A loaded upstream checkpoint -> backbone-relative tensors in this class's layout
-        (the parent's converter applied where it has one)."""
+        (the parent's converter applied where it has one). A family with a converter
+        overrides it; the stock teacher of the attention transfer is loaded through it."""
         return backbone_state_dict(checkpoint)
 
-    def _adapt_state(self, state: Dict[str, Tensor],
-                     model_state: Mapping[str, Tensor]) -> Dict[str, Tensor]:
+    def adapt_state(self, state: Dict[str, Tensor],
+                    model_state: Mapping[str, Tensor]) -> Dict[str, Tensor]:
         """What the parent's ``init_weights`` does to the tensors it keeps, for a model whose
         ``state_dict()`` is ``model_state`` (this backbone, or its stock parent built with the
         same arguments): resizing position tables to its sizes. Default: nothing."""
@@ -198,9 +218,6 @@ class SwappedAttentionMixin:
         official layout must not run on it again."""
         own = self.state_dict().keys()
         return bool(state) and 2 * sum(key in own for key in state) >= len(state)
-
-    def _after_swap(self) -> None:
-        """Re-apply what the parent did in ``__init__`` to modules the swap replaced."""
 
     def before_blocks(self, inputs: Tensor) -> None:
         """Prepare for calling blocks on their own, outside a forward of the whole backbone
@@ -218,8 +235,9 @@ class SwappedAttentionMixin:
             for block in self._unit_blocks(unit):
                 block.attn = self._global_attention(block.attn, cfg)
                 unit_of[id(block.attn)] = unit
-        # names as the state dict spells them ('stages.0.blocks.1.attn') -> unit
-        self._swapped_names: Dict[str, int] = {
+        # the swapped attention modules, named as the state dict spells them
+        # ('stages.0.blocks.1.attn'), in forward order -> their unit (stage or layer)
+        self.swapped_names: Dict[str, int] = {
             name: unit_of[id(module)] for name, module in self.named_modules()
             if id(module) in unit_of}
         self._after_swap()
@@ -240,15 +258,17 @@ class SwappedAttentionMixin:
             return cfg['checkpoint']
         return None
 
-    def _stock_parent(self) -> type:
-        return next(cls for cls in type(self).__mro__[1:]
-                    if not issubclass(cls, SwappedAttentionMixin))
+    @classmethod
+    def stock_parent(cls) -> type:
+        """The stock backbone class this one swaps into (the attention transfer's teacher)."""
+        return next(parent for parent in cls.__mro__[1:]
+                    if not issubclass(parent, SwappedAttentionMixin))
 
     def init_weights(self) -> None:
         """As the parent, except that a checkpoint's attention weights are carried into the
         swapped mixers (:func:`carry_over`) and the outcome is logged per stage or layer."""
         path = self._pretrained_checkpoint()
-        if path is None or not self._swapped_names:
+        if path is None or not self.swapped_names:
             super().init_weights()
             return
         logger = MMLogger.get_current_instance()
@@ -260,19 +280,18 @@ class SwappedAttentionMixin:
         matched = sum(key in state for key in model_keys)
         logger.info(f'{type(self).__name__}: {matched} of {len(model_keys)} tensors from '
                     f'{path}; attention carried into the swapped {self.mixer_unit}s:\n  '
-                    + '\n  '.join(report.lines(self._swapped_names, self.mixer_unit)))
+                    + '\n  '.join(report.lines(self.swapped_names, self.mixer_unit)))
 
     def carry_over_checkpoint(self, checkpoint: Mapping, source: str = 'the checkpoint'
                               ) -> Tuple[Dict[str, Tensor], CarryOverReport]:
         """A stock (or swapped) checkpoint's contents -> the state dict to load into this
         backbone, and the carry-over report. Raises when nothing in it fits the backbone."""
-        state = self._upstream_state(checkpoint)
+        state = self.upstream_state(checkpoint)
         model_state = self.state_dict()
-        state, report = carry_over(
-            state, model_state, {name: self.attention_layout for name in self._swapped_names})
-        state = self._adapt_state(state, model_state)
+        state, report = carry_over(state, model_state, self.swapped_names, self.attention_layout)
+        state = self.adapt_state(state, model_state)
         if not any(key in model_state for key in state):
-            stock = self._stock_parent()
+            stock = self.stock_parent()
             raise ValueError(f'{type(self).__name__}: no tensor of {source} matches a parameter '
                              f'of the backbone (first keys: {sorted(state)[:5]}); expected a '
                              f'checkpoint of {stock.__module__}.{stock.__name__}')

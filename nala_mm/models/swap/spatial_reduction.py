@@ -13,37 +13,28 @@ from typing import Optional, Sequence
 from mmdet.models.backbones import PyramidVisionTransformerV2
 from mmdet.models.backbones.pvt import pvt_convert
 from mmseg.models.backbones import MixVisionTransformer
-from torch import Tensor, nn
+from torch import Tensor
 
 from ...registry import register_model
 from ..mixer_specs import build_mixer
-from ..mixers import GatedAttention
 from ..state_dicts import backbone_state_dict, state_dict_of
-from .base import MIXER_ATTR, AttentionLayout, SwappedAttentionMixin, tokens_to_grid
+from .base import AttentionLayout, SwappedAttention, SwappedAttentionMixin
 
 # mmseg's EfficientMultiheadAttention and mmdet's SpatialReductionAttention: mmcv's
 # MultiheadAttention around torch's nn.MultiheadAttention (``attn``), q | k | v in ``in_proj``
-SPATIAL_REDUCTION_ATTENTION = AttentionLayout('spatial-reduction MultiheadAttention',
-                                              'attn.in_proj_weight', 'attn.in_proj_bias',
+SPATIAL_REDUCTION_ATTENTION = AttentionLayout('attn.in_proj_weight', 'attn.in_proj_bias',
                                               'attn.out_proj.weight', 'attn.out_proj.bias')
 
 
-class FullResolutionAttention(nn.Module):
+class FullResolutionAttention(SwappedAttention):
     """MiT's ``EfficientMultiheadAttention`` / PVTv2's ``SpatialReductionAttention`` slot,
     ``forward(x, hw_shape, identity=None) -> identity + dropout_layer(proj_drop(mixed))``: keys
     and values at full resolution instead of through the spatial-reduction conv. The residual
     is added here, as the upstream module adds it."""
 
-    def __init__(self, mixer: GatedAttention, proj_drop: nn.Module, dropout_layer: nn.Module):
-        super().__init__()
-        setattr(self, MIXER_ATTR, mixer)  # checkpoints name it so
-        self.proj_drop = proj_drop
-        self.dropout_layer = dropout_layer
-
     def forward(self, x: Tensor, hw_shape: Sequence[int],
                 identity: Optional[Tensor] = None) -> Tensor:
-        mixed = self.mixer(tokens_to_grid(x, hw_shape)).flatten(1, 2)
-        return (x if identity is None else identity) + self.dropout_layer(self.proj_drop(mixed))
+        return (x if identity is None else identity) + self.branch(x, hw_shape)
 
 
 class SpatialReductionStages(SwappedAttentionMixin):
@@ -58,9 +49,9 @@ class SpatialReductionStages(SwappedAttentionMixin):
         return self.layers[unit][1]
 
     def _global_attention(self, stock, mixer_cfg):
-        return FullResolutionAttention(build_mixer(mixer_cfg, stock.embed_dims, stock.num_heads),
-                                       proj_drop=stock.proj_drop,
-                                       dropout_layer=stock.dropout_layer)
+        mixer = build_mixer(mixer_cfg, stock.embed_dims, stock.num_heads, self.mode)
+        return FullResolutionAttention(mixer, proj_drop=stock.proj_drop,
+                                       drop_path=stock.dropout_layer)
 
 
 @register_model(scope='mmseg')
@@ -70,6 +61,7 @@ class NaLaMixVisionTransformer(SpatialReductionStages, MixVisionTransformer):
     Args:
         mixers: ``'softmax'`` keeps MiT's spatial-reduction attention; ``'nala'``, ``'linear'``
             or a mixer config attend at full resolution instead (no ``sr`` conv).
+        mode: ``'fast'`` or ``'reference'`` for every swapped mixer (:mod:`nala_mm.ops.mode`).
         **kwargs: every argument of mmseg's ``MixVisionTransformer``.
     """
 
@@ -81,13 +73,14 @@ class NaLaPyramidVisionTransformerV2(SpatialReductionStages, PyramidVisionTransf
     Args:
         mixers: ``'softmax'`` keeps PVTv2's spatial-reduction attention; ``'nala'``,
             ``'linear'`` or a mixer config attend at full resolution instead (no ``sr`` conv).
+        mode: ``'fast'`` or ``'reference'`` for every swapped mixer (:mod:`nala_mm.ops.mode`).
         **kwargs: every argument of mmdet's ``PyramidVisionTransformerV2``; with
             ``convert_weights=True`` (its default) a checkpoint in the official PVT layout is
             converted by mmdet's ``pvt_convert`` before the carry-over (one already in mmdet's
             layout is not converted again).
     """
 
-    def _upstream_state(self, checkpoint):
+    def upstream_state(self, checkpoint):
         state = backbone_state_dict(checkpoint)
         if not self.convert_weights or self.in_own_layout(state):  # not converted twice
             return state

@@ -13,34 +13,26 @@ import torch
 from mmdet.models.backbones import SwinTransformer as MMDetSwinTransformer
 from mmdet.models.backbones.swin import swin_converter
 from mmseg.models.backbones import SwinTransformer as MMSegSwinTransformer
-from torch import Tensor, nn
+from torch import Tensor
 
 from ...registry import register_model
 from ..mixer_specs import build_mixer
-from ..mixers import GatedAttention
 from ..state_dicts import backbone_state_dict, state_dict_of
-from .base import MIXER_ATTR, AttentionLayout, SwappedAttentionMixin, tokens_to_grid
+from .base import AttentionLayout, SwappedAttention, SwappedAttentionMixin
 
 # mmseg's / mmdet's ShiftWindowMSA (``attn``) -> WindowMSA (``w_msa``) with ``qkv`` and ``proj``
-SWIN_WINDOW_ATTENTION = AttentionLayout('ShiftWindowMSA', 'w_msa.qkv.weight', 'w_msa.qkv.bias',
+SWIN_WINDOW_ATTENTION = AttentionLayout('w_msa.qkv.weight', 'w_msa.qkv.bias',
                                         'w_msa.proj.weight', 'w_msa.proj.bias')
 
 
-class WindowFreeAttention(nn.Module):
+class WindowFreeAttention(SwappedAttention):
     """Swin's ``ShiftWindowMSA`` slot, ``forward(query, hw_shape) -> branch``: the mixer attends
     over the whole stage, with no window partition, shift or window padding. As upstream, the
-    output projection's dropout (``proj_drop``) and the block's DropPath (``drop``) follow, and
-    the block adds the residual."""
-
-    def __init__(self, mixer: GatedAttention, proj_drop: nn.Module, drop: nn.Module):
-        super().__init__()
-        setattr(self, MIXER_ATTR, mixer)  # checkpoints name it so
-        self.proj_drop = proj_drop
-        self.drop = drop
+    output projection's dropout and the block's DropPath follow, and the block adds the
+    residual."""
 
     def forward(self, query: Tensor, hw_shape: Sequence[int]) -> Tensor:
-        mixed = self.mixer(tokens_to_grid(query, hw_shape))
-        return self.drop(self.proj_drop(mixed.flatten(1, 2)))
+        return self.branch(query, hw_shape)
 
 
 def resize_relative_position_tables(state: Dict[str, Tensor],
@@ -77,10 +69,10 @@ class SwinStages(SwappedAttentionMixin):
 
     def _global_attention(self, stock, mixer_cfg):
         window_msa = stock.w_msa
-        mixer = build_mixer(mixer_cfg, window_msa.embed_dims, window_msa.num_heads)
-        return WindowFreeAttention(mixer, proj_drop=window_msa.proj_drop, drop=stock.drop)
+        mixer = build_mixer(mixer_cfg, window_msa.embed_dims, window_msa.num_heads, self.mode)
+        return WindowFreeAttention(mixer, proj_drop=window_msa.proj_drop, drop_path=stock.drop)
 
-    def _adapt_state(self, state, model_state):
+    def adapt_state(self, state, model_state):
         return resize_relative_position_tables(state, model_state)
 
 
@@ -90,6 +82,7 @@ _MIXERS_DOC = """
             untouched; ``'nala'``, ``'linear'`` or a registered mixer's config put that mixer,
             attending over the whole stage, in every block of the stage. Default: NaLa in the
             two high-resolution stages, as released.
+        mode: ``'fast'`` or ``'reference'`` for every swapped mixer (:mod:`nala_mm.ops.mode`).
         **kwargs: every argument of the parent. A ``Pretrained`` ``init_cfg`` of a stock Swin
             checkpoint carries q/k/v and the projection into the mixers (:mod:`.base`)."""
 
@@ -108,7 +101,7 @@ class DetNaLaSwinTransformer(SwinStages, MMDetSwinTransformer):
                "converting it again would rename ``patch_embed.projection`` to "
                "``projectionjection``, which a non-strict load drops silently.\n" + _MIXERS_DOC)
 
-    def _upstream_state(self, checkpoint):
+    def upstream_state(self, checkpoint):
         state = backbone_state_dict(checkpoint)
         if not self.convert_weights or self.in_own_layout(state):
             return state

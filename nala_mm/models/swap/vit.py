@@ -26,8 +26,7 @@ from torch import Tensor, nn
 
 from ...registry import register_model
 from ..mixer_specs import MixerEntry, build_mixer
-from ..mixers import GatedAttention
-from .base import MIXER_ATTR, SwappedAttentionMixin
+from .base import SwappedAttention, SwappedAttentionMixin
 from .spatial_reduction import SPATIAL_REDUCTION_ATTENTION
 
 # mmcv's MultiheadAttention (``layers.{i}.attn``) around torch's nn.MultiheadAttention (``attn``):
@@ -46,19 +45,16 @@ class PatchGrid:
         self.hw_shape = tuple(output[1])
 
 
-class GlobalTokenAttention(nn.Module):
+class GlobalTokenAttention(SwappedAttention):
     """mmcv ``MultiheadAttention``'s slot in a ViT layer, ``forward(query, identity=None) ->
     identity + dropout_layer(proj_drop(mixed))`` (the residual is added here, as upstream): the
     mixer attends over the class token (when there is one) and the patch grid."""
 
-    def __init__(self, mixer: GatedAttention, grid: PatchGrid, num_prefix: int,
-                 proj_drop: nn.Module, dropout_layer: nn.Module):
-        super().__init__()
-        setattr(self, MIXER_ATTR, mixer)  # checkpoints name it so
+    def __init__(self, mixer: nn.Module, grid: PatchGrid, num_prefix: int,
+                 proj_drop: nn.Module, drop_path: nn.Module):
+        super().__init__(mixer, proj_drop, drop_path)
         self.grid = grid
         self.num_prefix = num_prefix
-        self.proj_drop = proj_drop
-        self.dropout_layer = dropout_layer
 
     def forward(self, query: Tensor, identity: Optional[Tensor] = None, **kwargs) -> Tensor:
         if kwargs.get('key') is not None or kwargs.get('value') is not None:
@@ -67,9 +63,8 @@ class GlobalTokenAttention(nn.Module):
         if self.grid.hw_shape is None:
             raise RuntimeError('the patch grid is unknown: a swapped ViT layer runs inside its '
                                "backbone's forward, after patch_embed")
-        mixed = self.mixer(query, hw_shape=self.grid.hw_shape, num_prefix=self.num_prefix)
         return (query if identity is None else identity) + \
-            self.dropout_layer(self.proj_drop(mixed))
+            self.branch(query, self.grid.hw_shape, self.num_prefix)
 
 
 class ViTLayers(SwappedAttentionMixin):
@@ -89,9 +84,9 @@ class ViTLayers(SwappedAttentionMixin):
         return [self.layers[unit]]
 
     def _global_attention(self, stock, mixer_cfg):
-        mixer = build_mixer(mixer_cfg, stock.embed_dims, stock.num_heads)
+        mixer = build_mixer(mixer_cfg, stock.embed_dims, stock.num_heads, self.mode)
         return GlobalTokenAttention(mixer, self._grid, int(self.with_cls_token),
-                                    proj_drop=stock.proj_drop, dropout_layer=stock.dropout_layer)
+                                    proj_drop=stock.proj_drop, drop_path=stock.dropout_layer)
 
     def _after_swap(self):
         self._freeze()  # the parent froze before the mixers existed
@@ -101,7 +96,7 @@ class ViTLayers(SwappedAttentionMixin):
         with torch.no_grad():
             self.patch_embed(inputs)
 
-    def _adapt_state(self, state: Dict[str, Tensor],
+    def adapt_state(self, state: Dict[str, Tensor],
                      model_state: Mapping[str, Tensor]) -> Dict[str, Tensor]:
         """The positional embedding resized to the model's grid, as the parent's
         ``init_weights`` does (the class token's entry kept)."""
@@ -124,6 +119,8 @@ class NaLaVisionTransformer(ViTLayers, VisionTransformer):
             the layer's stock ``MultiheadAttention``; ``'nala'``, ``'linear'`` or a registered
             mixer's config put that mixer, attending over the class token and the whole patch
             grid with LePE and 2D RoPE on the grid, in its place.
+        mode: ``'fast'`` or ``'reference'`` for every swapped layer's mixer
+            (:mod:`nala_mm.ops.mode`).
         **kwargs: every argument of mmseg's ``VisionTransformer``. A ``Pretrained`` ``init_cfg``
             (or ``pretrained``) of a stock ViT checkpoint carries each swapped layer's q/k/v and
             output projection into its mixer (:mod:`.base`).
