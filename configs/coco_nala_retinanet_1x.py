@@ -1,9 +1,10 @@
 # NaLaFormer-T + RetinaNet, COCO 1x: 12 epochs, AdamW 1e-4, steps at 8 and 11, fine-tuned from the
 # authors' ImageNet weights (configs/_base_/nala_pretrained.py).
 _base_ = [
-    'mmdet::_base_/models/retinanet_r50_fpn.py', 'mmdet::_base_/datasets/coco_detection.py',
-    'mmdet::_base_/schedules/schedule_1x.py', 'mmdet::_base_/default_runtime.py',
-    './_base_/nala_runtime.py', './_base_/nala_det_tta.py', './_base_/nala_pretrained.py'
+    'mmdet::_base_/models/retinanet_r50_fpn.py', './_base_/models/nalaformer-t.py',
+    'mmdet::_base_/datasets/coco_detection.py', 'mmdet::_base_/schedules/schedule_1x.py',
+    'mmdet::_base_/default_runtime.py', './_base_/nala_runtime.py', './_base_/nala_det_tta.py',
+    './_base_/nala_pretrained.py'
 ]
 # nala_mm registers the models; nala_mm.compat the host changes the tools rely on (resume
 # under weights-only loading, atomic checkpoints, CPU torchrun, data checks).
@@ -11,15 +12,7 @@ custom_imports = dict(imports=['nala_mm', 'nala_mm.compat'], allow_failed_import
 
 model = dict(
     backbone=dict(
-        _delete_=True,
-        type='NaLaFormer',
-        arch='t',
-        # The released hybrid: NaLa in stages 1-2, softmax attention in 3-4. The authors'
-        # ImageNet weights were trained with the ReLU-split kernel (the released code's hard limit
-        # of the cosine inhibit), so fine-tuning from them runs that kernel; the 'nala' shorthand
-        # is the paper's cosine inhibit, for training from scratch or ablations
-        # (docs/method.md, "Paper vs released code").
-        mixers=(dict(type='NormAwareLinearAttention', kernel='relu'),) * 2 + ('softmax',) * 2,
+        _base_.nalaformer_t,
         # only the stages the FPN reads, so no parameter goes unused
         out_indices=(1, 2, 3),
         frozen_stages=0,

@@ -2,7 +2,7 @@
 
     python tools/get_flops.py configs/ade20k_nala_upernet.py --shape 512 512
     python tools/get_flops.py configs/coco_nala_mask-rcnn_1x.py --shape 800 1216 --backbone-only
-    python tools/get_flops.py --variants            # backbone GFLOPs of XT..L at 224 vs the paper
+    python tools/get_flops.py --variants            # backbone GFLOPs of XT..L at 224
 
 One multiply-add counts as one flop (mmengine / fvcore); see :mod:`nala_mm.analysis.flops` for
 what the kernelised-attention (NaLa, plain linear) and SDPA handles count. The input is a random
@@ -10,7 +10,7 @@ tensor of exactly ``--shape`` (batch 1; no data preprocessor, so no padding). A 
 traced in ``mode='tensor'`` (backbone, neck and decode head; the auxiliary head, unused at
 inference, is dropped as in mmseg's get_flops); a detector in ``mode='tensor'`` too (backbone,
 neck, RPN proposals, heads, no post-processing). ``--variants`` writes the table of
-benchmarks/results/flops_variants.md (docs/method.md, 'Block and backbone').
+benchmarks/results/tools/flops_variants.md (docs/method.md, 'Block and backbone').
 """
 import argparse
 from functools import partial
@@ -25,10 +25,6 @@ from nala_mm.analysis import count_flops
 from nala_mm.config_loading import build_model_from_config
 from nala_mm.data_samples import data_samples
 from nala_mm.models import ARCH_SETTINGS, NaLaFormer
-
-# The paper's ImageNet numbers at 224 x 224 (NaLaFormer, arXiv 2506.21137, its table of
-# ImageNet-1K models): params (M) and GFLOPs.
-PAPER = {'xt': (8, 1.0), 't': (15, 2.7), 's': (26, 5.1), 'b': (52, 12.0), 'l': (95, 18.0)}
 
 
 def giga(flops: float) -> str:
@@ -71,8 +67,8 @@ def report(config: str, height: int, width: int, backbone_only: bool, cfg_option
 
 class ClassificationTail(nn.Module):
     """The authors' ImageNet tail (docs/method.md, 'Block and backbone'), counted only to compare
-    with the paper: proj, BN, Swish, average pool, 1x1 head. The per-token Linear is written as a
-    1x1 conv (same multiply-adds)."""
+    with the paper's classifiers: proj, BN, Swish, average pool, 1x1 head. The per-token Linear
+    is written as a 1x1 conv (same multiply-adds)."""
 
     def __init__(self, channels: int, hidden: int = 1024, classes: int = 1000):
         super().__init__()
@@ -87,13 +83,14 @@ class ClassificationTail(nn.Module):
 
 
 def variants(side: int) -> None:
-    """Backbone GFLOPs per variant (default hybrid attention) beside the paper's totals."""
+    """Backbone GFLOPs per variant (default hybrid attention), and with the classification tail
+    (the paper's counts, docs/method.md's variants table, are the classifiers')."""
     print(f'NaLaFormer backbones at {side} x {side} (default hybrid mixers), GFLOPs with '
           '1 multiply-add = 1 flop\n')
-    print('| variant | backbone params w/o out norms (M) | + tail params (M) | paper params (M) | '
+    print('| variant | backbone params w/o out norms (M) | + tail params (M) | '
           'backbone G | of which NaLa element-wise G | softmax SDPA G | out norms G | '
-          'tail G | classifier-equivalent G | same without NaLa element-wise G | paper G |')
-    print('|---' * 12 + '|')
+          'tail G | classifier-equivalent G | same without NaLa element-wise G |')
+    print('|---' * 10 + '|')
     for arch in ARCH_SETTINGS:
         backbone = NaLaFormer(arch=arch)
         image = torch.randn(1, 3, side, side)
@@ -108,12 +105,10 @@ def variants(side: int) -> None:
             parameter_count(getattr(backbone, f'out_norm{i}'))[''] for i in backbone.out_indices)
         tail_params = parameter_count(tail)['']
         classifier = total - out_norms + tail_flops
-        paper_params, paper_flops = PAPER[arch]
         print(f'| {arch.upper()} | {params / 1e6:.2f} | {(params + tail_params) / 1e6:.2f} | '
-              f'{paper_params} | {giga(total)} | {giga(by_op["attn_elementwise"])} | '
+              f'{giga(total)} | {giga(by_op["attn_elementwise"])} | '
               f'{giga(by_op["sdpa"])} | {giga(out_norms)} | {giga(tail_flops)} | '
-              f'{giga(classifier)} | {giga(classifier - by_op["attn_elementwise"])} | '
-              f'{paper_flops} |')
+              f'{giga(classifier)} | {giga(classifier - by_op["attn_elementwise"])} |')
 
 
 def main() -> None:
@@ -124,7 +119,7 @@ def main() -> None:
                         help='input H [W] (default 512 512; 224 with --variants)')
     parser.add_argument('--backbone-only', action='store_true', help='count the backbone alone')
     parser.add_argument('--variants', action='store_true',
-                        help='backbone GFLOPs of NaLaFormer XT/T/S/B/L vs the paper')
+                        help='backbone GFLOPs of NaLaFormer XT/T/S/B/L at 224')
     parser.add_argument('--max-depth', type=int, default=3, help='depth of the module table')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction, default={},
                         help='override config settings, key=value')

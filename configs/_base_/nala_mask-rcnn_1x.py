@@ -1,8 +1,8 @@
 # Mask R-CNN + NaLaFormer-T on COCO, 1x (12 epochs), 8 GPUs x 2 images.
 _base_ = [
-    'mmdet::_base_/models/mask-rcnn_r50_fpn.py', 'mmdet::_base_/datasets/coco_instance.py',
-    'mmdet::_base_/schedules/schedule_1x.py', 'mmdet::_base_/default_runtime.py',
-    './nala_runtime.py', './nala_det_tta.py'
+    'mmdet::_base_/models/mask-rcnn_r50_fpn.py', './models/nalaformer-t.py',
+    'mmdet::_base_/datasets/coco_instance.py', 'mmdet::_base_/schedules/schedule_1x.py',
+    'mmdet::_base_/default_runtime.py', './nala_runtime.py', './nala_det_tta.py'
 ]
 # nala_mm registers the models; nala_mm.compat the host changes the tools rely on (resume
 # under weights-only loading, atomic checkpoints, CPU torchrun, data checks).
@@ -10,16 +10,7 @@ custom_imports = dict(imports=['nala_mm', 'nala_mm.compat'], allow_failed_import
 
 model = dict(
     backbone=dict(
-        _delete_=True,
-        type='NaLaFormer',
-        arch='t',
-        # The released hybrid: NaLa in stages 1-2, softmax attention in 3-4. The authors'
-        # ImageNet weights were trained with the ReLU-split kernel (the released code's hard limit
-        # of the cosine inhibit), so fine-tuning from them runs that kernel; the 'nala' shorthand
-        # is the paper's cosine inhibit, for training from scratch or ablations
-        # (docs/method.md, "Paper vs released code").
-        mixers=(dict(type='NormAwareLinearAttention', kernel='relu'),) * 2 + ('softmax',) * 2,
-        out_indices=(0, 1, 2, 3),
+        _base_.nalaformer_t,
         # Detection trains with 2 images per GPU: BN statistics that small are noise, so the
         # stem/downsample BNs keep their ImageNet statistics, and the conv stem stays frozen
         # (as mmdet does for ResNet's stem).

@@ -3,8 +3,8 @@
 # schedule and widths change; trained from scratch (no ImageNet weights, the paper's cosine
 # kernel), so nothing is frozen.
 # out_norm_cfg=None: the backbone returns its raw stage features, without the per-output
-# LayerNorms; the demo learns either way (benchmarks/results/out_norm_study.json). Kept as the
-# setting the committed demo run measured.
+# LayerNorms; the demo learns either way (benchmarks/results/studies/out_norm_study.json). Kept
+# as the setting the committed demo run measured.
 _base_ = ['../coco_nala_mask-rcnn_1x.py']
 
 data_root = 'data/demo/coco/'

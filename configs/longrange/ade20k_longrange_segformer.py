@@ -1,7 +1,7 @@
 # The long-range exemplar task (docs/longrange.md; data: nala_mm.datasets.longrange): an
 # object's class says whether its colour matches an exemplar band at least 36 px away, so only
 # token mixing can carry the answer. One token mixer in all four stages (NaLa's cosine kernel
-# here; benchmarks/longrange.py swaps it), decoded by mmseg's stock SegformerHead (1x1
+# here; benchmarks/studies/longrange.py swaps it), decoded by mmseg's stock SegformerHead (1x1
 # convolutions only, no global pooling) from the stride-4 features alone, with no auxiliary
 # head: the convolutions on every path to a pixel's logits (the stem, the stage-1 block, the
 # decoder's upsampling) reach 32 px, less than the exemplar's distance, so the control mixer
