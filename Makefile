@@ -3,9 +3,10 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup lint test test-unit test-extended test-e2e demo demo-det bench ablation \
-	out-norm-study swap-bench swap-study vit-bench linearize linearize-choices longrange-data \
-	longrange clean-demo docs
+.PHONY: setup lint test test-unit test-extended test-e2e test-cuda demo demo-det docs dist \
+	clean-demo longrange-data bench backbone-bench segmentor-bench swap-bench vit-bench \
+	vit-cityscapes-bench amp-bench conv-bench deploy-bench ablation out-norm-study swap-study \
+	linearize linearize-choices linearize-iterations demo-results longrange flops-table
 
 setup:
 	@bash tools/setup_env.sh
@@ -16,21 +17,26 @@ lint: setup
 
 # The whole test suite: tiny models, tiny generated data.
 test: lint
-	$(PY) -m pytest tests -q -p no:cacheprovider -m "not slow and not extended"
+	$(PY) -m pytest tests -q -p no:cacheprovider -m "not e2e and not extended"
 
 # The process-starting checks make test leaves out: the tools and the upstream tools end to end,
 # ONNX export through the tool, epoch-based two-rank training and dist_test.sh (each marked
-# `extended` on the test itself).
+# `extended` on the test itself; the suites are listed in pytest.ini).
 test-extended: setup
-	$(PY) -m pytest tests -q -p no:cacheprovider -m "extended and not slow"
+	$(PY) -m pytest tests -q -p no:cacheprovider -m extended
 
-# The inner loop: the suite without the tests that start processes (tools, torchrun).
+# The inner loop: make test without the tests that start processes (tools, torchrun).
 test-unit: setup
-	$(PY) -m pytest tests -q -p no:cacheprovider -m "not slow and not integration"
+	$(PY) -m pytest tests -q -p no:cacheprovider -m "not e2e and not extended and not integration"
 
 # Both demos end to end with their full schedules, asserting they learn.
 test-e2e: setup
-	$(PY) -m pytest tests -q -p no:cacheprovider -m slow
+	$(PY) -m pytest tests -q -p no:cacheprovider -m e2e
+
+# On a GPU machine (set up with FORCE_CUDA=1 and a CUDA torch, README): the device-parametrised
+# parity tests on CUDA, float64 formulas, fast vs reference, fp16 autocast.
+test-cuda: setup
+	$(PY) -m pytest tests -q -p no:cacheprovider -m cuda
 
 # Main job on the embedded default: synthetic ADE20K-layout data -> UperNet + NaLaFormer -> mIoU.
 demo: setup
@@ -45,51 +51,87 @@ demo-det: setup
 docs:
 	python3 tools/render_docs.py
 
+# Benchmarks: each is a module run from the repository root, writing
+# benchmarks/results/{speed,studies}/NAME.{json,md,png}; `$(PY) -m MODULE --report-only` writes
+# a page again from its JSON. After re-measuring, `make docs`.
+# The NaLa op and layer against the released op sequence, explicit softmax and SDPA.
 bench: setup
-	$(PY) benchmarks/attention.py
+	$(PY) -m benchmarks.speed.attention
+
+# NaLaFormer-T (hybrid, all-linear, released mixers) against Swin-T, forward and training step.
+backbone-bench: setup
+	$(PY) -m benchmarks.speed.backbone
+
+# UperNet + NaLaFormer-T against UperNet + Swin-T.
+segmentor-bench: setup
+	$(PY) -m benchmarks.speed.segmentor
+
+# Stock Swin-T, MiT-B0 and PVTv2-B0 against their NaLa-swapped versions at 512/1024/2048
+# (on a busy machine pin it: taskset -c 0 $(PY) -m benchmarks.speed.swap --threads 1).
+swap-bench: setup
+	$(PY) -m benchmarks.speed.swap
+
+# ViT-S/B stock, fused SDPA and NaLa at 512..4096.
+vit-bench: setup
+	$(PY) -m benchmarks.speed.vit
+
+# SETR ViT-L whole vs sliding-window inference at Cityscapes' size.
+vit-cityscapes-bench: setup
+	$(PY) -m benchmarks.speed.vit_cityscapes
+
+# bf16 autocast against fp32, a training step of the demo segmentor.
+amp-bench: setup
+	$(PY) -m benchmarks.speed.amp
+
+# The block's conv weight gradients: oneDNN against nala_mm.ops.conv_weight_grad.
+conv-bench: setup
+	$(PY) -m benchmarks.speed.conv_weight_grad
+
+# ONNX Runtime against PyTorch eager, and what torch.compile's capture makes of the model.
+deploy-bench: setup
+	$(PY) -m benchmarks.speed.deploy
 
 # Token mixers at equal budget on the embedded data: 5 variants x 3 seeds x 200 iterations.
 ablation: setup
-	$(PY) benchmarks/ablation.py
+	$(PY) -m benchmarks.studies.ablation
 
 # Detection demo with / without the per-output LayerNorms, and a ResNet-18 (3 runs of 10 epochs).
 out-norm-study: setup
-	$(PY) benchmarks/out_norm_study.py
-
-# Stock Swin-T, MiT-B0 and PVTv2-B0 against their NaLa-swapped versions at 512/1024/2048
-# (on a busy machine pin it: taskset -c 0 $(PY) benchmarks/swap.py --threads 1).
-swap-bench: setup
-	$(PY) benchmarks/swap.py
+	$(PY) -m benchmarks.studies.out_norm_study
 
 # A trained Swin's stages 1-2 swapped to NaLa and fine-tuned vs softmax continued, 3 seeds.
 swap-study: setup
-	$(PY) benchmarks/swap_finetune.py
-
-# ViT-S/B stock, fused SDPA and NaLa at 512..4096, then SETR ViT-L whole vs sliding-window
-# inference at Cityscapes' size.
-vit-bench: setup
-	$(PY) benchmarks/vit.py
-	$(PY) benchmarks/vit_cityscapes.py
+	$(PY) -m benchmarks.studies.swap_finetune
 
 # A softmax-trained Swin (demo data) and ViT (long-range task) converted to NaLa by a plain swap
 # or by attention transfer (tools/linearize.py), then fine-tuned, against softmax continued.
 linearize: setup
-	$(PY) benchmarks/linearize.py
+	$(PY) -m benchmarks.studies.linearize
 
-# The attention transfer's design choices on the Swin teacher (target, inputs, parameters, lr),
-# and the ViT teacher's zero-shot mIoU against the transfer's iterations.
+# The attention transfer's design choices on the Swin teacher (target, inputs, parameters, lr).
 linearize-choices: setup
-	$(PY) benchmarks/linearize.py --choices
-	$(PY) benchmarks/linearize.py --iterations
+	$(PY) -m benchmarks.studies.linearize_choices
 
-# The long-range exemplar task's data (ADE20K layout under data/longrange, deterministic).
-longrange-data: setup
-	$(PY) -m nala_mm.datasets.longrange
+# The ViT teacher's zero-shot mIoU against the transfer's iterations.
+linearize-iterations: setup
+	$(PY) -m benchmarks.studies.linearize_iterations
+
+# Both demos in full (tools/demo.py), their summaries committed with the commit that trained them.
+demo-results: setup
+	$(PY) -m benchmarks.studies.demos
 
 # Nine token mixers x three seeds on the long-range task, with the attention statistics
 # (one thread per run).
 longrange: setup
-	$(PY) benchmarks/longrange.py
+	$(PY) -m benchmarks.studies.longrange
+
+# A tool's committed output: the variants' parameters and GFLOPs (docs/fidelity.md).
+flops-table: setup
+	$(PY) tools/get_flops.py --variants > benchmarks/results/tools/flops_variants.md
+
+# The long-range exemplar task's data (ADE20K layout under data/longrange, deterministic).
+longrange-data: setup
+	$(PY) -m nala_mm.datasets.longrange
 
 # The sdist and, built from it, the wheel (both carry nala_mm/.mim: configs, tools, model index).
 dist: setup

@@ -188,7 +188,7 @@ setup(
         'tqdm',
     ],
     extras_require={'tests': ['pytest', 'hypothesis'],
-                    # tools/export_onnx.py and benchmarks/deploy.py
+                    # tools/export_onnx.py and benchmarks/speed/deploy.py
                     'deploy': ['onnx', 'onnxruntime', 'onnxscript']},
     cmdclass={'build_py': BuildPy, 'sdist': Sdist, 'develop': Develop},
     license='Apache-2.0',

@@ -6,7 +6,8 @@ and stay close to float32.
 CPU fp16 kernels round and accumulate differently from a GPU's (on a GPU, matmuls accumulate in
 float32 in tensor cores), so this checks the dtype handling, the ranges and the float32 islands
 of the code (NaLa's ``k^3`` and per-token power run in float32 under autocast), not the GPU's
-exact numbers; ``benchmarks/gpu_check.sh`` repeats the check on CUDA.
+exact numbers; the mixer and backbone checks are parametrised over the device, so ``make
+test-cuda`` runs them under CUDA's fp16 autocast.
 
 Detection stays out: mmcv's CPU NMS and RoIAlign reject Half tensors ("not implemented for
 'Half'"), a limit of mmcv's CPU kernels and not of the GPU path, where both have fp16 kernels.
@@ -28,9 +29,14 @@ from nala_mm.models import (
     NormAwareLinearAttention,
     SoftmaxAttention,
 )
-from tests.helpers import DEMO_SEG_CFG, TINY_ARCH, rel_err
+from tests.helpers import DEMO_SEG_CFG, DEVICES, TINY_ARCH, rel_err
 
 FP16 = dict(device_type='cpu', dtype=torch.float16)
+
+
+def fp16(device: str) -> dict:
+    """``torch.autocast``'s arguments for fp16 on ``device``."""
+    return dict(FP16, device_type=device)
 # fp16 has a 10-bit mantissa (2^-11 = 4.9e-4 per rounding); a layer's output stays within a few
 # 1e-3 of float32, a stack of blocks within about 1e-2 (measured: see the asserts' margins)
 LAYER_TOL = 5e-3
@@ -50,19 +56,21 @@ def forward_backward(module, x, weights, autocast: bool):
     """Output and input/parameter gradients of ``sum(module(x) * weights)``."""
     module.zero_grad()
     x = x.clone().requires_grad_(True)
-    with torch.autocast(**FP16, enabled=autocast):
+    with torch.autocast(**fp16(x.device.type), enabled=autocast):
         out = module(x)
     (out.float() * weights).sum().backward()
     grads = [x.grad] + [p.grad for p in module.parameters() if p.grad is not None]
     return out, grads
 
 
+@pytest.mark.parametrize('device', DEVICES)
 @pytest.mark.parametrize('name', MIXERS)
-def test_mixers_under_fp16_autocast_are_finite_and_close_to_float32(name):
+def test_mixers_under_fp16_autocast_are_finite_and_close_to_float32(name, device):
     mixer = MIXERS[name]()
     assert isinstance(mixer, GatedAttention)
-    x = torch.randn(2, 12, 10, 64)  # channels-last tokens of a 12 x 10 grid
-    weights = torch.randn(2, 12, 10, 64)
+    mixer.to(device)
+    x = torch.randn(2, 12, 10, 64).to(device)  # channels-last tokens of a 12 x 10 grid
+    weights = torch.randn(2, 12, 10, 64).to(device)
     out32, grads32 = forward_backward(mixer, x, weights, autocast=False)
     out16, grads16 = forward_backward(mixer, x, weights, autocast=True)
     # really computed in fp16 (the output leaves in the autocast dtype) ...
@@ -120,17 +128,18 @@ def _swapped():
 BACKBONES.update(_swapped())
 
 
+@pytest.mark.parametrize('device', DEVICES)
 @pytest.mark.parametrize('name', BACKBONES)
-def test_backbones_under_fp16_autocast_are_finite_and_close_to_float32(name):
-    model = BACKBONES[name]()
+def test_backbones_under_fp16_autocast_are_finite_and_close_to_float32(name, device):
+    model = BACKBONES[name]().to(device)
     model.eval()  # (mmseg's Swin and ViT return None from train())
-    image = torch.randn(1, 3, 96, 128)
+    image = torch.randn(1, 3, 96, 128).to(device)
     with torch.no_grad():
         expected = model(image)
         dtypes = []
         hooks = [m.register_forward_hook(lambda _, __, out: dtypes.append(out.dtype))
                  for m in model.modules() if isinstance(m, (torch.nn.Linear, torch.nn.Conv2d))]
-        with torch.autocast(**FP16):
+        with torch.autocast(**fp16(device)):
             actual = model(image)
         for hook in hooks:
             hook.remove()

@@ -1,7 +1,9 @@
-"""What the layout promises: tools and benchmarks are scripts over the package (no sys.path
-edits), the package imports nothing from tools/, benchmarks/ or tests/, tools and tests import
-nothing from benchmarks/, and the released-op transcription imports nothing it checks."""
+"""What the layout promises: tools (scripts) and benchmarks (modules) run over the package with no
+sys.path edits, the package imports nothing from tools/, benchmarks/ or tests/, tools and tests
+import nothing from benchmarks/, the released-op transcription imports nothing it checks, and
+every benchmark has its make target."""
 import ast
+import re
 
 import pytest
 
@@ -49,14 +51,41 @@ def test_the_package_imports_nothing_from_tools_benchmarks_or_tests():
 
 @pytest.mark.parametrize('folder', ['tools', 'tests'])
 def test_tools_and_tests_import_nothing_from_benchmarks(folder):
-    """Benchmarks are scripts over the package: what a tool or a test needs lives in nala_mm."""
+    """Benchmarks run over the package: what a tool or a test needs lives in nala_mm (or, for a
+    test, in tests/)."""
     offenders = [f'{path.relative_to(REPO)}: {m}' for path in _python_files(folder)
                  for m in _imported_modules(path) if m.split('.')[0] == 'benchmarks']
     assert offenders == []
 
 
 def test_the_released_op_transcription_imports_only_torch():
-    """The parity tests hold the fast path to nala_mm/released_op.py: it must not import the
-    code it checks."""
-    modules = _imported_modules(REPO / 'nala_mm' / 'released_op.py')
+    """The parity tests hold the fast path to tests/reference/released_op.py (and the benchmarks
+    time it against it): it must not import the code it checks."""
+    modules = _imported_modules(REPO / 'tests' / 'reference' / 'released_op.py')
     assert modules and {m.split('.')[0] for m in modules} <= {'typing', 'torch'}
+
+
+def _make_targets_running_benchmarks() -> dict:
+    """Makefile target -> the benchmark modules its recipe runs (``-m benchmarks.KIND.NAME``)."""
+    targets, current = {}, None
+    for line in (REPO / 'Makefile').read_text().splitlines():
+        header = re.match(r'^([\w-]+):', line)
+        if header:
+            current = header.group(1)
+        for module in re.findall(r'-m (benchmarks\.\w+\.\w+)', line):
+            targets.setdefault(current, []).append(module)
+    return targets
+
+
+def test_every_benchmark_has_a_make_target_that_the_readme_lists():
+    """A benchmark is its module in benchmarks/speed/ or benchmarks/studies/, a make target
+    that runs it, and the target named in the README's benchmark list."""
+    modules = {f'benchmarks.{path.parent.name}.{path.stem}' for kind in ('speed', 'studies')
+               for path in (REPO / 'benchmarks' / kind).glob('*.py') if path.stem != '__init__'}
+    targets = _make_targets_running_benchmarks()
+    run = {module for found in targets.values() for module in found}
+    assert modules and modules == run, (f'no make target: {sorted(modules - run)}; '
+                                        f'no such module: {sorted(run - modules)}')
+    readme = (REPO / 'README.md').read_text()
+    listed = set(re.findall(r'`([\w-]+)`', readme.split('**Benchmarks**', 1)[1].split('\n\n')[0]))
+    assert set(targets) <= listed, f'not in the README: {sorted(set(targets) - listed)}'

@@ -145,8 +145,8 @@ def test_paper_targets_are_metadata_labelled_not_reproduced_and_match_the_paper_
 
 
 def test_demo_results_are_the_committed_summaries():
-    seg = json.loads((REPO / 'benchmarks/results/demo_seg.json').read_text())
-    det = json.loads((REPO / 'benchmarks/results/demo_det.json').read_text())
+    seg = json.loads((REPO / 'benchmarks/results/studies/demo_seg.json').read_text())
+    det = json.loads((REPO / 'benchmarks/results/studies/demo_det.json').read_text())
     by_config = {m.config: m for m in models()}
     seg_result, = by_config['configs/demo/ade20k_demo_nala_upernet.py'].results
     assert seg_result.metrics['mIoU'] == round(seg['metrics']['mIoU'], 2)

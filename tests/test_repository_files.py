@@ -1,5 +1,5 @@
-"""The files users expect beside the code: the license setup.py names, how to cite, what changed,
-and where a result's code came from."""
+"""The files users expect beside the code: the license setup.py names, how to cite, what
+changed."""
 import hashlib
 import re
 import subprocess
@@ -7,7 +7,6 @@ import subprocess
 import yaml
 
 import nala_mm
-from nala_mm import provenance
 from tests.helpers import REPO
 
 
@@ -47,14 +46,3 @@ def test_the_mim_links_of_a_checkout_are_ignored_by_git():
     ignored = subprocess.run(['git', 'check-ignore', 'nala_mm/.mim/configs', 'dist/x', 'build/x'],
                              cwd=REPO, capture_output=True, text=True).stdout.split()
     assert ignored == ['nala_mm/.mim/configs', 'dist/x', 'build/x']
-
-
-def test_code_version_names_the_checkout_commit():
-    head = subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], cwd=REPO, capture_output=True,
-                          text=True).stdout.strip()
-    assert re.fullmatch(rf'{head}(-dirty)?', provenance.code_version())
-
-
-def test_code_version_outside_a_checkout_is_the_package_version(tmp_path, monkeypatch):
-    monkeypatch.setattr(provenance, 'CHECKOUT', str(tmp_path))
-    assert provenance.code_version() == f'nala-mm {nala_mm.__version__}'

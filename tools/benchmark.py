@@ -24,7 +24,7 @@ many boxes random weights leave, so detector latencies are indicative only.
 
 ``--out`` writes JSON: per model ``latency_ms`` (median, best, all), ``fps`` and ``memory_mib``;
 with ``--compare`` also ``compare`` (``latency_ratio``, ``fps_ratio``, ``memory_ratio``). It
-records the code version, the device and the memory available when the run started.
+records the package version, the device and the memory available when the run started.
 """
 import argparse
 import json
@@ -35,6 +35,7 @@ from typing import Callable
 
 import torch
 
+import nala_mm
 from nala_mm import compat
 from nala_mm.analysis.measure import (
     add_case_argument,
@@ -45,7 +46,6 @@ from nala_mm.analysis.measure import (
     print_case_result,
     run_case,
 )
-from nala_mm.provenance import code_version
 
 compat.install()
 
@@ -145,7 +145,8 @@ def measure(args: argparse.Namespace) -> dict:
                 device=args.device, amp=args.amp, cfg_options=dict(args.cfg_options))
     env = {'PYTHONWARNINGS': os.environ.get('PYTHONWARNINGS', 'ignore')}
     script = osp.abspath(__file__)
-    result = dict(tool='tools/benchmark.py', code=code_version(), device_type=args.device,
+    result = dict(tool='tools/benchmark.py', code=f'nala-mm {nala_mm.__version__}',
+                  device_type=args.device,
                   device=device_name(args.device),
                   torch=torch.__version__, available_mib_at_start=round(available_mib(args.device)),
                   **{k: v for k, v in base.items() if k not in ('cfg_options', 'device')},

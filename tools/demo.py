@@ -4,8 +4,8 @@
     python tools/demo.py det   # COCO layout, Mask R-CNN + NaLaFormer, AP   (make demo-det)
 
 Data is generated once (deterministic) under data/demo; reruns reuse it. Each run writes its
-summary (metrics, the per-class table, time, iterations) to WORK_DIR/demo_summary.json, and with
-``--summary-out`` also to a file meant to be committed (benchmarks/results/demo_*.json).
+summary (metrics, the per-class table, time, iterations) to WORK_DIR/demo_summary.json
+(``make demo-results`` commits both demos' summaries: benchmarks/studies/demos.py).
 """
 import argparse
 import json
@@ -20,7 +20,6 @@ from mmengine.runner import Runner
 from nala_mm import compat
 from nala_mm.config_loading import load_config
 from nala_mm.datasets.demo import DEMO_TASKS
-from nala_mm.provenance import code_version
 
 # the host changes this tool relies on (weights-only resume, atomic checkpoints, CPU torchrun,
 # data checks): see nala_mm/compat.py
@@ -61,15 +60,13 @@ def per_class_tables(log_text: str) -> List[Dict[str, Dict[str, float]]]:
     return tables
 
 
-def summarise(task: str, metrics: dict, data: dict, runner: Runner, seconds: float,
-              commit: str, summary_out: str = None) -> dict:
+def summarise(task: str, metrics: dict, data: dict, runner: Runner, seconds: float) -> dict:
     metrics = {k: float(v) for k, v in metrics.items()}  # numpy scalars -> JSON
     with open(osp.join(runner.log_dir, f'{runner.timestamp}.log')) as f:
         tables = per_class_tables(f.read())
     summary = dict(task=task, config=DEMO_TASKS[task].config, metrics=metrics,
                    train_seconds=round(seconds, 1), iterations=runner.iter,
-                   overlays=osp.relpath(osp.join(runner.log_dir, 'vis_data')),
-                   commit=commit)
+                   overlays=osp.relpath(osp.join(runner.log_dir, 'vis_data')))
     if task == 'seg':  # the test pass prints one table: IoU and Acc per class
         summary['per_class'] = tables[-1] if tables else {}
     else:  # classwise bbox then segm tables
@@ -87,9 +84,8 @@ def summarise(task: str, metrics: dict, data: dict, runner: Runner, seconds: flo
               f'on the validation split')
     print(f"trained {runner.iter} iterations in {seconds / 60:.1f} min; overlays: "
           f"{summary['overlays']}")
-    for path in filter(None, (osp.join(runner.work_dir, 'demo_summary.json'), summary_out)):
-        with open(path, 'w') as f:
-            json.dump(summary, f, indent=2)
+    with open(osp.join(runner.work_dir, 'demo_summary.json'), 'w') as f:
+        json.dump(summary, f, indent=2)
     return summary
 
 
@@ -98,7 +94,6 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('task', choices=sorted(DEMO_TASKS))
     parser.add_argument('--work-dir', help='defaults to work_dirs/demo_<task>')
-    parser.add_argument('--summary-out', help='also write the summary JSON here')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction,
                         help='override demo config settings, e.g. train_cfg.max_iters=100')
     args = parser.parse_args()
@@ -110,13 +105,12 @@ def main() -> None:
     # evaluate once, after training, through the test loop (which also draws the overlays)
     cfg.train_cfg.val_interval = cfg.train_cfg.get('max_iters', cfg.train_cfg.get('max_epochs')) + 1
     runner = Runner.from_cfg(cfg)
-    commit = code_version()  # of the code that trains, even if a commit lands meanwhile
     start = time.perf_counter()
     runner.train()
     seconds = time.perf_counter() - start
     enable_test_overlays(runner)
     metrics = runner.test()
-    summarise(args.task, metrics, data, runner, seconds, commit, args.summary_out)
+    summarise(args.task, metrics, data, runner, seconds)
 
 
 if __name__ == '__main__':

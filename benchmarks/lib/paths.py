@@ -1,5 +1,11 @@
-"""Where the benchmarks read and write: the repository root and the committed results folder."""
+"""Where the benchmarks read and write: the repository root and the committed results tree,
+which mirrors ``benchmarks/``: ``results/speed/`` for the speed benchmarks, ``results/studies/``
+for the studies, and ``results/tools/`` for what a tool writes with its documented results
+command (``make demo-results``, ``make flops-table``)."""
 import os.path as osp
 
-REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
+REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 RESULTS = osp.join(REPO, 'benchmarks', 'results')
+SPEED_RESULTS = osp.join(RESULTS, 'speed')
+STUDY_RESULTS = osp.join(RESULTS, 'studies')
+TOOL_RESULTS = osp.join(RESULTS, 'tools')

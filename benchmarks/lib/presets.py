@@ -9,7 +9,7 @@ import os.path as osp
 from dataclasses import dataclass
 from typing import Dict
 
-from paths import REPO
+from .paths import REPO
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ import time
 
 from nala_mm.analysis.measure import error_of
 
-from paths import REPO
+from .paths import REPO
 
 MIXER_SWEEP_CONFIG = """_base_ = [{base!r}]
 model = dict(backbone=dict(mixers=[{mixer!r}] * 4))

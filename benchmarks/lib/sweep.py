@@ -1,14 +1,16 @@
 """Size sweeps: models against the input size, time and peak memory, each measurement in a fresh
 process (nala_mm.analysis.measure), with the cost exponents, the report and the plot.
 
-A sweep script (backbone.py, segmentor.py) defines its models and a ``make_step(name, side,
-mode, batch, device)`` that returns one call to time, then calls :func:`sweep_cli`. Modes:
+A sweep module (``benchmarks.speed.backbone``, ``.segmentor``) defines its models and a
+``make_step(name, side, mode, batch, device)`` that returns one call to time, then calls
+:func:`sweep_cli`; the cases run on :func:`benchmarks.lib.grid.run_grid`. Modes:
 
 * ``fwd``: eval mode, ``torch.no_grad``, batch 1 (inference);
 * ``train``: train mode, forward + backward of the loss (parameter gradients are part of the
   step's memory, optimizer state is not), batch ``--train-batch``.
 
-swap.py runs its own families through :func:`run_cases` and :func:`sweep_case`.
+``benchmarks.speed.swap`` runs its own families through :func:`size_cases` and
+:func:`grid_step`.
 """
 import argparse
 import os
@@ -18,22 +20,18 @@ from typing import Callable, Dict, List, Optional, Sequence
 import numpy as np
 import torch
 
-from nala_mm.analysis.measure import (
-    Step,
-    add_case_argument,
-    device_name,
-    in_turns,
-    measure,
-    print_case_result,
-    run_case,
-)
+from nala_mm.analysis.measure import Step, add_case_argument, device_name, print_case_result
 
-from paths import RESULTS
-from report import (
+from .grid import Case, grid_case, run_grid
+from .grid import MakeStep as GridStep
+from .paths import SPEED_RESULTS
+from .report import (
+    add_report_only_argument,
     fmt,
     log_log_axes,
     markdown_table,
     pyplot,
+    read_json,
     save_figure,
     write_json,
     write_markdown,
@@ -44,42 +42,22 @@ MODE_TITLES = {'fwd': 'inference (no grad)', 'train': 'training step (forward + 
 MakeStep = Callable[[str, int, str, int, str], Step]
 
 
-def run_cases(script: str, models: Dict[str, dict], plan: Dict[str, Sequence[int]],
-              batches: Dict[str, int], repeats: int, warmup: int, device: str,
-              timeout: int, reference: str) -> List[dict]:
-    """Every (mode, side) of ``plan``: each model's peak memory in a fresh process of its own
-    (a high-water mark needs one), then all models timed in turns in one more process
-    (:func:`~nala_mm.analysis.measure.in_turns`, time ratios against ``reference``), so that
-    the ratios compare calls made under the same load."""
-    from tqdm import tqdm
-    cases = [(mode, side) for mode, sides in plan.items() for side in sides]
-    rows = []
-    progress = tqdm(cases, desc=osp.basename(script))
-    for mode, side in progress:
-        progress.set_postfix_str(f'{mode} {side}x{side}')
-        case = dict(side=side, mode=mode, batch=batches[mode], repeats=repeats, warmup=warmup,
-                    device=device, reference=reference)
-        mine = []
-        for name in models:
-            memory = run_case(script, dict(case, models=[name], what='memory'), memory=True,
-                              timeout=timeout)
-            row = dict(model=name, mode=mode, side=side, pixels=side * side, batch=batches[mode],
-                       mib=memory.get('peak_mib'))
-            if 'error' in memory:
-                row['error'] = memory['error']
-            mine.append(row)
-        # a model that ran out of memory once is not timed
-        timed = [row['model'] for row in mine if 'error' not in row]
-        timing = run_case(script, dict(case, models=timed, what='turns'),
-                          timeout=timeout * len(timed)) if timed else {}
-        for row in mine:
-            result = timing.get(row['model'], {})
-            row.update(ms=result.get('median_ms'), ms_best=result.get('best_ms'),
-                       ms_ratio=result.get('ms_ratio'), times_ms=result.get('times_ms'))
-            if 'error' in timing and 'error' not in row:
-                row['error'] = timing['error']
-        rows += mine
-    return rows
+def size_cases(models: Sequence[str], plan: Dict[str, Sequence[int]],
+               batches: Dict[str, int]) -> List[Case]:
+    """The grid of a size sweep: every (mode, side) of ``plan`` with all ``models``."""
+    return [(dict(mode=mode, side=side, batch=batches[mode]), list(models))
+            for mode, sides in plan.items() for side in sides]
+
+
+def pixels(name: str, settings: dict) -> dict:
+    """A sweep row's extra field (``describe`` of :func:`~benchmarks.lib.grid.run_grid`)."""
+    return dict(pixels=settings['side'] ** 2)
+
+
+def grid_step(make_step: MakeStep) -> GridStep:
+    """A sweep's ``make_step(name, side, mode, batch, device)`` as the grid's child takes it."""
+    return lambda name, case: make_step(name, case['side'], case['mode'], case['batch'],
+                                        case['device'])
 
 
 def backbone_step(model: torch.nn.Module, image: torch.Tensor, mode: str) -> Step:
@@ -98,19 +76,6 @@ def backbone_step(model: torch.nn.Module, image: torch.Tensor, mode: str) -> Ste
         sum(out.sum() for out in model(image)).backward()
         model.zero_grad(set_to_none=True)
     return train_step
-
-
-def sweep_case(case: dict, make_step: MakeStep) -> dict:
-    """A :func:`run_cases` child: one model's memory or time (``what``), or all of ``models``
-    timed in turns (``what='turns'``)."""
-    torch.manual_seed(0)
-    steps = {name: make_step(name, case['side'], case['mode'], case['batch'], case['device'])
-             for name in case['models']}
-    if case['what'] == 'turns':
-        return in_turns(steps, case['reference'], case['repeats'], case['warmup'],
-                        case['device'])
-    step, = steps.values()
-    return measure(step, case['what'], case['repeats'], case['warmup'], case['device'])
 
 
 def fit_exponent(rows: List[dict], model: str, mode: str, key: str) -> Optional[float]:
@@ -180,10 +145,11 @@ def sweep_plot(rows: List[dict], models: Dict[str, dict], path: str) -> None:
     save_figure(fig, path)
 
 
-def sweep_cli(script: str, doc: str, stem: str, models: Dict[str, dict], make_step: MakeStep,
+def sweep_cli(module: str, doc: str, stem: str, models: Dict[str, dict], make_step: MakeStep,
               reference: str, default_sizes: Dict[str, Sequence[int]], description: str) -> None:
-    """Command line of a size sweep: ``--case`` (child: one measurement, :func:`sweep_case`)
-    or the sweep (parent: JSON, markdown and plot under ``--out``, ``STEM_cuda.*`` on a GPU)."""
+    """Command line of a size sweep: ``--case`` (the grid's child: one measurement), the sweep
+    (JSON, markdown and plot under ``--out``, ``STEM_cuda.*`` on a GPU), or ``--report-only``
+    (the markdown and plot again from the JSON)."""
     parser = argparse.ArgumentParser(description=doc,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_case_argument(parser)
@@ -198,31 +164,43 @@ def sweep_cli(script: str, doc: str, stem: str, models: Dict[str, dict], make_st
     parser.add_argument('--warmup', type=int, default=1, help='untimed runs before timing')
     parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
     parser.add_argument('--timeout', type=int, default=3600, help='seconds per measurement')
-    parser.add_argument('--out', default=RESULTS, help='output folder')
+    parser.add_argument('--out', default=SPEED_RESULTS, help='output folder')
+    add_report_only_argument(parser, stem)
     args = parser.parse_args()
     if args.case is not None:
-        print_case_result(sweep_case(args.case, make_step))
+        print_case_result(grid_case(args.case, grid_step(make_step)))
+        return
+    path = osp.join(args.out, stem if args.device == 'cpu' else f'{stem}_{args.device}')
+    if args.report_only:
+        write_sweep(path, read_json(path + '.json'), description)
         return
 
     chosen = {name: models[name] for name in args.models}
     plan = {'fwd': args.sizes, 'train': args.train_sizes}
-    rows = run_cases(script, chosen, plan, {'fwd': 1, 'train': args.train_batch},
-                     args.repeats, args.warmup, args.device, args.timeout, reference)
+    rows = run_grid(module, size_cases(chosen, plan, {'fwd': 1, 'train': args.train_batch}),
+                    repeats=args.repeats, warmup=args.warmup, device=args.device,
+                    reference=reference, timeout=args.timeout, describe=pixels, desc=stem)
     add_memory_ratios(rows, reference)
-    header = [f'# {description} ({device_name(args.device)})', '',
-              f'torch {torch.__version__}; time: the models at one mode and size timed in turns '
-              f'in one process, {args.repeats} rounds after {args.warmup} warm-up round(s); '
-              f'time / {models[reference]["label"]} = median of the per-round ratios (both calls '
+    os.makedirs(args.out, exist_ok=True)
+    write_sweep(path, dict(device=device_name(args.device), torch=torch.__version__,
+                           repeats=args.repeats, warmup=args.warmup, reference=reference,
+                           models={k: v['label'] for k, v in chosen.items()}, rows=rows),
+                description)
+
+
+def write_sweep(path: str, saved: dict, description: str) -> None:
+    """``path.json`` (``saved``), its page ``path.md`` and its plot ``path.png``."""
+    models = {name: dict(label=label) for name, label in saved['models'].items()}
+    reference = models[saved['reference']]['label']
+    header = [f"# {description} ({saved['device']})", '',
+              f"torch {saved['torch']}; time: the models at one mode and size timed in turns "
+              f"in one process, {saved['repeats']} rounds after {saved['warmup']} warm-up "
+              f'round(s); time / {reference} = median of the per-round ratios (both calls '
               'of a round see the same load). Memory: peak of one step after the warm-up, above '
               'the baseline (model and input already allocated; a training step frees its '
               'gradients after each step, so they count), each model in its own process; ratio '
               'against the same mode and size.']
-    os.makedirs(args.out, exist_ok=True)
-    path = osp.join(args.out, stem if args.device == 'cpu' else f'{stem}_{args.device}')
-    write_json(path + '.json', dict(device=device_name(args.device), torch=torch.__version__,
-                                    repeats=args.repeats, warmup=args.warmup, reference=reference,
-                                    models={k: v['label'] for k, v in chosen.items()},
-                                    rows=rows))
-    write_markdown(path + '.md', sweep_report(rows, chosen, models[reference]['label'], header))
-    sweep_plot(rows, chosen, path + '.png')
+    write_json(path + '.json', saved)
+    write_markdown(path + '.md', sweep_report(saved['rows'], models, reference, header))
+    sweep_plot(saved['rows'], models, path + '.png')
     print(open(path + '.md').read())

@@ -1,12 +1,12 @@
 """What mixed precision does to a training step: fp32 vs AMP for the demo segmentor.
 
 AMP = what ``tools/train.py --amp`` selects: bf16 autocast on CPU (``BF16AutocastOptimWrapper``),
-fp16 with dynamic loss scaling on GPU (mmengine's ``AmpOptimWrapper``). Each case runs in its own
-process; time = median training step after warm-up, memory = peak above the baseline.
-Results: benchmarks/results/amp.{json,md,png}.
+fp16 with dynamic loss scaling on GPU (mmengine's ``AmpOptimWrapper``). On
+:func:`benchmarks.lib.grid.run_grid`: each precision's peak memory in its own process, then both
+timed in turns in one process. Results: benchmarks/results/speed/amp.{json,md,png}.
 Discussed in docs/robustness.md ('Mixed precision').
 
-    python benchmarks/amp.py [--crop 256] [--batch 2] [--repeats 5]
+    python -m benchmarks.speed.amp [--crop 256] [--batch 2] [--repeats 5]   # make amp-bench
 """
 import argparse
 import os
@@ -14,26 +14,31 @@ import os.path as osp
 
 import torch
 
-from nala_mm.analysis.measure import (
-    add_case_argument,
-    device_name,
-    measure,
-    print_case_result,
-    run_case,
-)
+from nala_mm.analysis.measure import add_case_argument, device_name, print_case_result
 
-from paths import REPO, RESULTS
-from report import markdown_table, pyplot, save_figure, write_json, write_markdown
+from ..lib.grid import grid_case, run_grid
+from ..lib.paths import REPO, SPEED_RESULTS
+from ..lib.provenance import code_version
+from ..lib.report import (
+    add_report_only_argument,
+    fmt,
+    markdown_table,
+    pyplot,
+    read_json,
+    save_figure,
+    write_json,
+    write_markdown,
+)
 
 CONFIG = osp.join(REPO, 'configs', 'demo', 'ade20k_demo_nala_upernet.py')
 PRECISIONS = ('fp32', 'amp')
-# Untimed training steps before a time is taken; a memory case runs one, so the optimizer
+# Untimed training steps before the timed rounds; a memory case runs one, so the optimizer
 # state is allocated before measuring.
 TIME_WARMUP = 2
 
 
-def training_step_case(case: dict) -> dict:
-    """One precision's training-step ``time`` or ``memory`` in this fresh process."""
+def step_of(precision: str, case: dict):
+    """The grid's child: one training step of the demo segmentor at ``precision``."""
     from mmengine.optim import build_optim_wrapper
 
     from nala_mm.amp import enable_amp
@@ -41,70 +46,87 @@ def training_step_case(case: dict) -> dict:
     from nala_mm.data_samples import synthetic_batch
     crop, batch, device = case['crop'], case['batch'], case['device']
     cfg = load_config(CONFIG)
-    if case['precision'] == 'amp':
+    if precision == 'amp':
         enable_amp(cfg)
-    torch.manual_seed(0)
     model = build_model(cfg).to(device).train()
     wrapper = build_optim_wrapper(model, cfg.optim_wrapper)
     data = synthetic_batch('mmseg', batch, crop, crop, num_classes=6)
 
     def step():
         model.train_step(data, wrapper)
+    return step
 
-    if case['what'] == 'memory':
-        return measure(step, 'memory', repeats=1, warmup=1, device=device)
-    return measure(step, 'time', case['repeats'], TIME_WARMUP, device)
+
+def cpu_bf16() -> dict:
+    """The CPU's model and whether it has native bf16 instructions (AVX512-BF16 or AMX): without
+    them bf16 matmuls and convs are emulated, and autocast slows a step down."""
+    info = dict(line.split(':', 1) for line in open('/proc/cpuinfo') if ':' in line)
+    flags = set(info.get('flags\t', info.get('flags', '')).split())
+    return dict(cpu_model=info.get('model name\t', info.get('model name', '?')).strip(),
+                native_bf16=bool(flags & {'avx512_bf16', 'amx_bf16'}))
+
+
+def write_outputs(saved: dict, stem: str) -> None:
+    """``stem.json`` (``saved``), the page ``stem.md`` and the plot ``stem.png``."""
+    write_json(stem + '.json', saved)
+    rows = saved['rows']
+    lines = [f"# AMP vs fp32, one training step of the demo segmentor ({saved['device']})", '',
+             f"batch {saved['batch']}, {saved['crop']}x{saved['crop']} crops, AMP = "
+             f"{saved['amp']}" + (f" ({saved['cpu_model']}, "
+                                  f"{'with' if saved['native_bf16'] else 'without'} native bf16)"
+                                  if 'cpu_model' in saved else '') +
+             ". Time: both precisions timed in turns in one process, "
+             f"{saved['repeats']} rounds after {saved['warmup']} warm-up steps; memory: peak "
+             'above the baseline, each in its own process (after one step, so the optimizer '
+             'state is allocated).', '']
+    lines += markdown_table(['precision', 'step ms (median)', 'time / fp32',
+                             'peak MiB above baseline', 'memory / fp32'],
+                            [[r['model'], fmt(r.get('ms')), fmt(r.get('ms_ratio'), 3),
+                              fmt(r.get('mib')), fmt(r.get('mib_ratio'), 3)] for r in rows])
+    write_markdown(stem + '.md', lines)
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(8, 3.2))
+    for ax, key, title in zip(axes, ('ms', 'mib'), ('step time (ms)', 'peak MiB')):
+        ax.bar([r['model'] for r in rows], [r.get(key) or 0 for r in rows],
+               color=['#4c72b0', '#dd8452'])
+        ax.set_title(title)
+    fig.suptitle(f"training step, {saved['amp']} vs fp32")
+    save_figure(fig, stem + '.png')
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_case_argument(parser)
+    add_report_only_argument(parser, 'amp')
     parser.add_argument('--crop', type=int, default=256)
     parser.add_argument('--batch', type=int, default=2)
     parser.add_argument('--repeats', type=int, default=5)
     parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
-    parser.add_argument('--out', default=RESULTS)
+    parser.add_argument('--out', default=SPEED_RESULTS)
     args = parser.parse_args()
     if args.case is not None:
-        print_case_result(training_step_case(args.case))
+        print_case_result(grid_case(args.case, step_of))
         return
-    rows = []
-    for precision in PRECISIONS:
-        case = dict(precision=precision, crop=args.crop, batch=args.batch, device=args.device)
-        timing = run_case(__file__, dict(case, what='time', repeats=args.repeats))
-        memory = run_case(__file__, dict(case, what='memory'), memory=True)
-        rows.append(dict(precision=precision, **{**timing, **memory}))
-        print(rows[-1])
-    fp32, amp = rows
-    ratios = {}
-    if 'median_ms' in fp32 and 'median_ms' in amp:
-        ratios['amp speed-up (fp32 time / amp time)'] = round(
-            fp32['median_ms'] / amp['median_ms'], 3)
-    if 'peak_mib' in fp32 and 'peak_mib' in amp:
-        ratios['amp peak memory / fp32 peak memory'] = round(amp['peak_mib'] / fp32['peak_mib'], 3)
-    amp_kind = 'fp16 + loss scaling' if args.device == 'cuda' else 'bf16 autocast'
-    device = device_name(args.device)
-    os.makedirs(args.out, exist_ok=True)
     stem = osp.join(args.out, 'amp' if args.device == 'cpu' else f'amp_{args.device}')
-    write_json(stem + '.json', dict(device=device, amp=amp_kind, crop=args.crop,
-                                    batch=args.batch, rows=rows, ratios=ratios))
-    lines = [f'# AMP vs fp32, one training step of the demo segmentor ({device})', '',
-             f'batch {args.batch}, {args.crop}x{args.crop} crops, AMP = {amp_kind}', '']
-    lines += markdown_table(['precision', 'step ms (median)', 'peak MiB above baseline'],
-                            [[r['precision'], f"{r.get('median_ms', float('nan')):.1f}",
-                              f"{r.get('peak_mib', float('nan')):.1f}"] for r in rows])
-    lines += [''] + [f'- {k}: {v}' for k, v in ratios.items()]
-    write_markdown(stem + '.md', lines)
-
-    plt = pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(8, 3.2))
-    for ax, key, title in zip(axes, ('median_ms', 'peak_mib'), ('step time (ms)', 'peak MiB')):
-        ax.bar([r['precision'] for r in rows], [r.get(key, 0) for r in rows],
-               color=['#4c72b0', '#dd8452'])
-        ax.set_title(title)
-    fig.suptitle(f'training step, {amp_kind} vs fp32')
-    save_figure(fig, stem + '.png')
+    if args.report_only:
+        write_outputs(read_json(stem + '.json'), stem)
+        print(open(stem + '.md').read())
+        return
+    rows = run_grid(__spec__.name, [(dict(crop=args.crop, batch=args.batch), PRECISIONS)],
+                    repeats=args.repeats, warmup=TIME_WARMUP, device=args.device,
+                    reference='fp32', desc='precision')
+    fp32 = rows[0]
+    for row in rows:
+        row['mib_ratio'] = row['mib'] / fp32['mib'] if row.get('mib') and fp32.get('mib') \
+            else None
+    os.makedirs(args.out, exist_ok=True)
+    write_outputs(dict(commit=code_version(), device=device_name(args.device),
+                       torch=torch.__version__,
+                       amp='fp16 + loss scaling' if args.device == 'cuda' else 'bf16 autocast',
+                       crop=args.crop, batch=args.batch, repeats=args.repeats,
+                       warmup=TIME_WARMUP, rows=rows,
+                       **(cpu_bf16() if args.device == 'cpu' else {})), stem)
     print(open(stem + '.md').read())
 
 

@@ -4,21 +4,23 @@ and softmax, time and peak memory against the number of tokens.
 Stage-1 shape of NaLaFormer-T (C = 64, one head, d = 64, 2D RoPE), B = 1, N = H*W tokens:
 
 * op level, on ``(B, heads, N, d)`` q, k, v: our fast op (released ReLU kernel), the released op
-  sequence (nala_mm/released_op.py), softmax with an explicit N x N matrix, and SDPA;
+  sequence (tests/reference/released_op.py, the transcription the parity tests use), softmax
+  with an explicit N x N matrix, and SDPA;
 * layer level, the whole token mixer (qkvg, RoPE, NaLa, LePE, LayerNorm, SiLU gate, out_proj):
   ``NormAwareLinearAttention`` on channels-last tokens, as the backbone block runs it, against
   the released layer's op sequence on channels-first maps (token rearranges, the released op,
   LePE on a channels-first copy of v); the same parameters and outputs (checked).
 
-Each (implementation, N, mode) runs in its own process (nala_mm.analysis.measure): time = median
-after warm-up, memory = peak above the baseline. On CPU the speed-ups against the released
-sequence are also timed in turns in one process (both engines each round; median of the
-per-round ratios), which a shared machine's load drift cannot bias. Results:
-benchmarks/results/attention.{json,md,png} (``attention_cuda.*`` on GPU).
-Discussed in docs/speed.md.
+On :func:`benchmarks.lib.grid.run_grid`: per (N, mode) each implementation's peak memory in a
+fresh process of its own, then all of them timed in turns in one process, so that the speed-ups
+against the released sequence (medians of per-round ratios) are not biased by a shared
+machine's load drift. Explicit softmax is not run where its N x N matrix alone passes a limit
+(its lower bound is recorded). Results: benchmarks/results/speed/attention.{json,md,png}
+(``attention_cuda.*`` on GPU). Discussed in docs/speed.md.
 
-    python benchmarks/attention.py                 # all cases
-    python benchmarks/attention.py --sizes 32 64   # square side lengths
+    python -m benchmarks.speed.attention                 # all cases (make bench)
+    python -m benchmarks.speed.attention --sizes 32 64   # square side lengths
+    python -m benchmarks.speed.attention --report-only   # the page and plot from the JSON
 """
 import argparse
 import os
@@ -29,24 +31,21 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
-from nala_mm.analysis.measure import (
-    add_case_argument,
-    device_name,
-    interleaved_ms,
-    measure,
-    print_case_result,
-    run_case,
-)
+from nala_mm.analysis.measure import add_case_argument, device_name, print_case_result
 from nala_mm.models import NormAwareLinearAttention
 from nala_mm.ops import NaLaConfig, apply_rope, nala_attention, rope_phasor, rope_table
-from nala_mm.released_op import nala_attention_released
+from tests.reference.released_op import nala_attention_released
 
-from paths import RESULTS
-from report import (
+from ..lib.grid import grid_case, per_round_ratio, run_grid
+from ..lib.paths import SPEED_RESULTS
+from ..lib.provenance import code_version
+from ..lib.report import (
+    add_report_only_argument,
     fmt,
     log_log_axes,
     markdown_table,
     pyplot,
+    read_json,
     save_figure,
     write_json,
     write_markdown,
@@ -61,12 +60,12 @@ IMPLEMENTATIONS = {
     'layer_released': 'NaLa layer, released op sequence',
 }
 LAYERS = ('layer_fast', 'layer_released')
-# (released, ours, what): timed in turns in one process for the speed-ups (see paired_speedup)
+# (released, ours, what): the speed-ups and memory ratios the page reports (pair_rows)
 PAIRS = (('nala_released', 'nala_fast', 'op'), ('layer_released', 'layer_fast', 'layer'))
 HEAD_DIM = 64
 # Explicit softmax keeps >= one N x N float32 matrix; beyond this it is not run but bounded.
 EXPLICIT_LIMIT_BYTES = 6 * 2 ** 30
-# Untimed calls before a time is taken (kernel caches, RoPE tables, allocator growth); a memory
+# Untimed rounds before the timed ones (kernel caches, RoPE tables, allocator growth); a memory
 # case runs one step before measuring, so one-time allocations are not the step's.
 TIME_WARMUP = 3
 
@@ -155,40 +154,67 @@ def check_layers_agree(device: str) -> float:
     return float((ours - released).norm() / released.norm())
 
 
-def ratio(rows, impl_a, impl_b, tokens, key):
-    a = next((r.get(key) for r in rows if r['impl'] == impl_a and r['tokens'] == tokens), None)
-    b = next((r.get(key) for r in rows if r['impl'] == impl_b and r['tokens'] == tokens), None)
-    return None if a is None or b is None else a / b
+def step_of(name: str, case: dict):
+    """The grid's child: one call of implementation ``name`` in ``case``."""
+    return make_step(name, case['side'], case['mode'], case['device'])
 
 
-def summarise(rows: list, sizes: list) -> dict:
-    ratios = {}
-    n16k = 16384 if 128 in sizes else None
-    if n16k:
-        for slow, fast, what in PAIRS:
-            speed = ratio(rows, slow, fast, n16k, 'fwd_bwd_ms')
-            memory = ratio(rows, fast, slow, n16k, 'fwd_bwd_mib')
-            ratios[f'{what}: released / ours, fwd+bwd time at N=16384 (speed-up)'] = fmt(speed, 2)
-            ratios[f'{what}: ours / released, fwd+bwd peak memory at N=16384'] = fmt(memory, 3)
-    largest = max(sizes) ** 2
-    fast_peak = next((r.get('fwd_bwd_mib') for r in rows
-                      if r['impl'] == 'nala_fast' and r['tokens'] == largest), None)
-    explicit = next((r for r in rows if r['impl'] == 'softmax_explicit'
-                     and r['tokens'] == largest), {})
-    explicit_peak = explicit.get('fwd_bwd_mib') or explicit.get('fwd_bwd_mib_lower_bound')
-    if fast_peak and explicit_peak:
-        bound = '' if explicit.get('fwd_bwd_mib') else ' (vs the lower bound of explicit softmax)'
-        ratios[f'fast op vs explicit softmax at N={largest}, peak memory reduction'] = \
-            f'{100 * (1 - fast_peak / explicit_peak):.2f}%{bound}'
-    return ratios
+def describe(name: str, settings: dict) -> dict:
+    return dict(tokens=settings['side'] ** 2)
+
+
+def predictor(device: str):
+    """Explicit softmax past :data:`EXPLICIT_LIMIT_BYTES` is not run on the CPU: one N x N
+    float32 score matrix alone is a lower bound of its peak, recorded instead."""
+    def predict(rows, name: str, settings: dict) -> dict:
+        square = 4 * settings['side'] ** 4
+        if name == 'softmax_explicit' and device == 'cpu' and square > EXPLICIT_LIMIT_BYTES:
+            return dict(skipped='not run: one N x N float32 matrix is over the limit',
+                        mib_lower_bound=square / 2 ** 20)
+        return {}
+    return predict
+
+
+def pair_rows(rows: list) -> list:
+    """Released against ours per size and mode: the speed-up (median of the per-round ratios,
+    both timed in the same rounds) and ours' peak memory over the released sequence's."""
+    found = []
+    for slow, fast, what in PAIRS:
+        for row in rows:
+            if row['model'] != fast:
+                continue
+            other = next((r for r in rows if r['model'] == slow and r['side'] == row['side']
+                          and r['mode'] == row['mode']), None)
+            if other is None:
+                continue
+            found.append(dict(what=what, tokens=row['tokens'], mode=row['mode'],
+                              speedup=per_round_ratio(other, row),
+                              memory_ratio=row['mib'] / other['mib']
+                              if row.get('mib') and other.get('mib') else None))
+    return found
+
+
+def memory_reduction(rows: list) -> dict:
+    """The fast op's peak memory against explicit softmax at the largest size (its lower bound
+    where explicit softmax did not run)."""
+    largest = max(r['tokens'] for r in rows)
+    ours = next((r for r in rows if r['model'] == 'nala_fast' and r['tokens'] == largest
+                 and r['mode'] == 'fwd_bwd'), {})
+    explicit = next((r for r in rows if r['model'] == 'softmax_explicit'
+                     and r['tokens'] == largest and r['mode'] == 'fwd_bwd'), {})
+    theirs = explicit.get('mib') or explicit.get('mib_lower_bound')
+    if not ours.get('mib') or not theirs:
+        return {}
+    return dict(tokens=largest, percent_less=100 * (1 - ours['mib'] / theirs),
+                against_lower_bound=explicit.get('mib') is None)
 
 
 def plot(rows: list, path: str) -> None:
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     for impl, label in IMPLEMENTATIONS.items():
-        mine = [r for r in rows if r['impl'] == impl]
-        for ax, key in zip(axes, ('fwd_bwd_ms', 'fwd_bwd_mib')):
+        mine = [r for r in rows if r['model'] == impl and r['mode'] == 'fwd_bwd']
+        for ax, key in zip(axes, ('ms', 'mib')):
             points = [(r['tokens'], r[key]) for r in mine if r.get(key) is not None]
             if points:
                 ax.plot(*zip(*points), marker='o', label=label,
@@ -199,117 +225,84 @@ def plot(rows: list, path: str) -> None:
     save_figure(fig, path)
 
 
-def paired_speedup(names, side: int, mode: str, repeats: int, device: str) -> dict:
-    """Released vs ours timed in turns in one process (CPU): every round times both, so the
-    load drift of a shared machine reaches both alike. The speed-up is the median of the
-    per-round ratios; each one's best call is reported beside it."""
-    slow, fast = names
-    steps = {name: make_step(name, side, mode, device) for name in (slow, fast)}
-    times = interleaved_ms(steps, repeats, warmup=TIME_WARMUP)
-    ratios = sorted(a / b for a, b in zip(times[slow], times[fast]))
-    return dict(speedup_median=ratios[len(ratios) // 2], rounds=repeats,
-                released_best_ms=min(times[slow]), ours_best_ms=min(times[fast]))
+def write_outputs(saved: dict, stem: str) -> None:
+    """``stem.json`` (``saved``), the page ``stem.md`` and the plot ``stem.png``."""
+    rows = saved['rows']
+    saved['pairs'] = pair_rows(rows)
+    saved['memory_reduction_vs_explicit'] = memory_reduction(rows)
+    write_json(stem + '.json', saved)
 
-
-def attention_case(case: dict) -> dict:
-    """One case in this fresh process: a released/ours ``pair`` timed in turns, or one
-    implementation's ``time`` or ``memory``."""
-    if 'pair' in case:
-        return paired_speedup(case['pair'], case['side'], case['mode'], case['repeats'],
-                              case['device'])
-    step = make_step(case['impl'], case['side'], case['mode'], case['device'])
-    if case['what'] == 'memory':
-        return measure(step, 'memory', repeats=1, warmup=1, device=case['device'])
-    return measure(step, 'time', case['repeats'], TIME_WARMUP, case['device'])
+    def cell(impl, tokens, mode, key):
+        row = next((r for r in rows if r['model'] == impl and r['tokens'] == tokens
+                    and r['mode'] == mode), {})
+        if row.get(key) is not None:
+            return f'{row[key]:.1f}'
+        if key == 'mib' and row.get('mib_lower_bound'):
+            return f">= {row['mib_lower_bound']:.0f} (bound)"
+        return 'not run' if row.get('skipped') else '-'
+    sizes = sorted({r['tokens'] for r in rows})
+    lines = [f"# Attention benchmark ({saved['device']})", '',
+             f"torch {saved['torch']}; B = 1, one head, d = {saved['head_dim']}, 2D RoPE. Time: "
+             f"the implementations of one size and mode timed in turns in one process, "
+             f"{saved['repeats']} rounds after {saved['warmup']} warm-up; memory: peak above "
+             'the baseline, each in its own process. Layers: the whole token mixer (C = 64); '
+             'ours and the released sequence agree to a relative L2 of '
+             f"{saved['layers_relative_l2']:.1e}.", '']
+    lines += markdown_table(
+        ['implementation', 'N', 'fwd ms', 'fwd+bwd ms', 'fwd MiB', 'fwd+bwd MiB'],
+        [[label, tokens] + [cell(impl, tokens, mode, key) for key in ('ms', 'mib')
+                            for mode in ('fwd', 'fwd_bwd')]
+         for tokens in sizes for impl, label in IMPLEMENTATIONS.items()])
+    lines += ['', '## Released vs ours', '',
+              'speed-up = the released sequence\'s time over ours, median of the per-round '
+              'ratios; memory = our peak over the released sequence\'s.', '']
+    lines += markdown_table(
+        ['what', 'N', 'mode', 'speed-up', 'memory ours / released'],
+        [[p['what'], p['tokens'], p['mode'], fmt(p['speedup'], 2), fmt(p['memory_ratio'], 3)]
+         for p in saved['pairs']])
+    reduction = saved['memory_reduction_vs_explicit']
+    if reduction:
+        bound = ' (against its lower bound)' if reduction['against_lower_bound'] else ''
+        lines += ['', f"The fast op keeps {reduction['percent_less']:.2f} % less peak memory "
+                      f"than explicit softmax at N = {reduction['tokens']}{bound}."]
+    write_markdown(stem + '.md', lines)
+    plot(rows, stem + '.png')
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_case_argument(parser)
+    add_report_only_argument(parser, 'attention')
     parser.add_argument('--sizes', nargs='+', type=int, default=[32, 64, 128, 256],
                         help='square feature-map sides (N = side^2)')
     parser.add_argument('--repeats', type=int, default=10)
     parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
-    parser.add_argument('--out', default=RESULTS)
+    parser.add_argument('--out', default=SPEED_RESULTS)
     args = parser.parse_args()
     if args.case is not None:
-        print_case_result(attention_case(args.case))
+        print_case_result(grid_case(args.case, step_of))
+        return
+    stem = osp.join(args.out, 'attention' if args.device == 'cpu' else f'attention_{args.device}')
+    if args.report_only:
+        write_outputs(read_json(stem + '.json'), stem)
+        print(open(stem + '.md').read())
         return
 
-    from tqdm import tqdm
     layers_rel_l2 = check_layers_agree(args.device)
     if layers_rel_l2 > 1e-5:
         raise RuntimeError(f'our layer and the released sequence differ (relative L2 '
                            f'{layers_rel_l2:.2e}): the comparison would not be like for like')
-    rows = []
-    cases = [(impl, side) for side in args.sizes for impl in IMPLEMENTATIONS]
-    for impl, side in tqdm(cases, desc='attention cases'):
-        tokens = side * side
-        row = dict(impl=impl, tokens=tokens)
-        explicit_bytes = 4 * tokens * tokens
-        if impl == 'softmax_explicit' and args.device == 'cpu' \
-                and explicit_bytes > EXPLICIT_LIMIT_BYTES:
-            # not run: one N x N float32 score matrix alone is a lower bound of its peak
-            for mode in ('fwd', 'fwd_bwd'):
-                row[f'{mode}_ms_note'] = 'not run'
-                row[f'{mode}_mib_note'] = f'>= {explicit_bytes / 2 ** 20:.0f} (bound)'
-                row[f'{mode}_mib_lower_bound'] = explicit_bytes / 2 ** 20
-            rows.append(row)
-            continue
-        for mode in ('fwd', 'fwd_bwd'):
-            case = dict(impl=impl, side=side, mode=mode, device=args.device)
-            timing = run_case(__file__, dict(case, what='time', repeats=args.repeats))
-            memory = run_case(__file__, dict(case, what='memory'), memory=True)
-            row[f'{mode}_ms'] = timing.get('median_ms')
-            row[f'{mode}_mib'] = memory.get('peak_mib')
-            for result in (timing, memory):
-                if 'error' in result:
-                    row[f'{mode}_error'] = result['error']
-        rows.append(row)
-
-    paired = []
-    if args.device == 'cpu':
-        for (slow, fast, what), side, mode in tqdm(
-                [(p, side, mode) for side in args.sizes for p in PAIRS
-                 for mode in ('fwd', 'fwd_bwd')], desc='paired timings'):
-            result = run_case(__file__, dict(pair=[slow, fast], side=side, mode=mode,
-                                             repeats=args.repeats, device=args.device))
-            paired.append(dict(what=what, tokens=side * side, mode=mode, **result))
-    ratios = summarise(rows, args.sizes)
-    for row in paired:
-        if row['tokens'] == 16384 and 'speedup_median' in row:
-            ratios[f"{row['what']}: released / ours, {row['mode'].replace('_', '+')} time at "
-                   f"N=16384, interleaved (median of per-round ratios)"] = \
-                fmt(row['speedup_median'], 2)
-    device = device_name(args.device)
+    cases = [(dict(side=side, mode=mode), list(IMPLEMENTATIONS))
+             for side in args.sizes for mode in ('fwd', 'fwd_bwd')]
+    saved = dict(commit=code_version(), device=device_name(args.device), torch=torch.__version__,
+                 head_dim=HEAD_DIM, repeats=args.repeats, warmup=TIME_WARMUP,
+                 layers_relative_l2=layers_rel_l2)
     os.makedirs(args.out, exist_ok=True)
-    stem = osp.join(args.out, 'attention' if args.device == 'cpu' else f'attention_{args.device}')
-    write_json(stem + '.json', dict(device=device, torch=torch.__version__, head_dim=HEAD_DIM,
-                                    layers_relative_l2=layers_rel_l2, rows=rows, paired=paired,
-                                    ratios=ratios))
-
-    def cell(row, key):
-        return row.get(key + '_note', '-') if row.get(key) is None else f'{row[key]:.1f}'
-    lines = [f'# Attention benchmark ({device})', '',
-             f'B = 1, one head, d = {HEAD_DIM}, 2D RoPE; time = median after warm-up; memory = '
-             'peak above baseline. Layers: the whole token mixer (C = 64); ours and the released '
-             f'sequence agree to a relative L2 of {layers_rel_l2:.1e}.', '']
-    lines += markdown_table(
-        ['implementation', 'N', 'fwd ms', 'fwd+bwd ms', 'fwd MiB', 'fwd+bwd MiB'],
-        [[IMPLEMENTATIONS[r['impl']], r['tokens']] +
-         [cell(r, k) for k in ('fwd_ms', 'fwd_bwd_ms', 'fwd_mib', 'fwd_bwd_mib')] for r in rows])
-    if paired:
-        lines += ['', '## Released vs ours, timed in turns in one process', '',
-                  f'{args.repeats} rounds; speed-up = median of the per-round ratios (robust to '
-                  'load drift); best call of each beside it.', '']
-        lines += markdown_table(
-            ['what', 'N', 'mode', 'speed-up', 'released best ms', 'ours best ms'],
-            [[r['what'], r['tokens'], r['mode'], fmt(r.get('speedup_median'), 2),
-              fmt(r.get('released_best_ms')), fmt(r.get('ours_best_ms'))] for r in paired])
-    lines += ['', '## Ratios', ''] + [f'- {k}: {v}' for k, v in ratios.items()]
-    write_markdown(stem + '.md', lines)
-    plot(rows, stem + '.png')
+    run_grid(__spec__.name, cases, repeats=args.repeats, warmup=TIME_WARMUP, device=args.device,
+             reference='nala_fast', predict=predictor(args.device), describe=describe,
+             after_case=lambda rows: write_outputs(dict(saved, rows=rows), stem),
+             desc='attention')
     print(open(stem + '.md').read())
 
 

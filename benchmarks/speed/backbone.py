@@ -3,17 +3,17 @@ vs mmseg's Swin-T, time and peak memory against the input size, inference and tr
 
 NaLa layers use the released kernel (``kernel='relu'``), as the fine-tuning configs do. The
 released-style model is the all-linear one whose mixers run
-:func:`nala_mm.released_op.nala_attention_released` (separate ReLU copies, concatenations, RoPE
-per feature half) instead of the fast op: its NaLa mixers are swapped, after building, for
-``ReleasedNaLaAttention`` (registered nowhere). Inference: eval mode, batch 1,
+:func:`tests.reference.released_op.nala_attention_released` (separate ReLU copies,
+concatenations, RoPE per feature half) instead of the fast op: its NaLa mixers are swapped,
+after building, for ``ReleasedNaLaAttention`` (registered nowhere). Inference: eval mode, batch 1,
 ``torch.no_grad``. Training step: train mode (BatchNorm statistics, DropPath), forward +
-backward of the sum of the four outputs, batch 2. Processes, report and plot: benchmarks/sweep.py.
-Results: benchmarks/results/backbone.{json,md,png}; discussed in docs/speed.md.
+backward of the sum of the four outputs, batch 2. Processes, report and plot:
+benchmarks/lib/sweep.py.
+Results: benchmarks/results/speed/backbone.{json,md,png}; discussed in docs/speed.md.
 
-    python benchmarks/backbone.py                          # fwd 1024 2048, train 512 1024
-    python benchmarks/backbone.py --sizes 512 --train-sizes --models nala_t_linear swin_t
+    python -m benchmarks.speed.backbone                          # fwd 1024 2048, train 512 1024
+    python -m benchmarks.speed.backbone --sizes 512 --train-sizes --models nala_t_linear swin_t
 """
-import os.path as osp
 from typing import Dict
 
 import torch
@@ -21,9 +21,9 @@ from torch import nn
 
 from nala_mm.analysis.measure import Step
 from nala_mm.models import GatedAttention, NaLaFormer, NormAwareLinearAttention
-from nala_mm.released_op import nala_attention_released
+from tests.reference.released_op import nala_attention_released
 
-from sweep import backbone_step, sweep_cli
+from ..lib.sweep import backbone_step, sweep_cli
 
 BACKBONES: Dict[str, dict] = {
     'nala_t_linear': dict(label='NaLaFormer-T (all linear)'),
@@ -35,7 +35,7 @@ BACKBONES: Dict[str, dict] = {
 
 class ReleasedNaLaAttention(GatedAttention):
     """NaLa in the released op sequence (relu kernel): the shared wrapper with
-    :func:`nala_mm.released_op.nala_attention_released` as its mixing."""
+    :func:`tests.reference.released_op.nala_attention_released` as its mixing."""
 
     def mix(self, q, k, v, rope):
         return nala_attention_released(q, k, v, rope=rope)
@@ -73,6 +73,6 @@ def make_step(name: str, side: int, mode: str, batch: int, device: str) -> Step:
 
 
 if __name__ == '__main__':
-    sweep_cli(osp.abspath(__file__), __doc__, 'backbone', BACKBONES, make_step,
+    sweep_cli(__spec__.name, __doc__, 'backbone', BACKBONES, make_step,
               reference='swin_t', default_sizes=dict(fwd=(1024, 2048), train=(512, 1024)),
               description='Backbone benchmark')

@@ -3,25 +3,34 @@
 512^2 images), channels-last inputs as the block holds them.
 
 Cases: the 3x3/s2 downsamples (dense) and LePE's 5x5 depthwise conv at every stage's map size.
-Each pair is timed in turns in one process (median of the per-round ratios); the chosen path is
-what ``conv_weight_grad`` dispatches to, so a size below its split threshold shows ~1.0.
-Results: benchmarks/results/conv_weight_grad.{json,md,png}.
+Each pair is timed in turns in a fresh process (:func:`benchmarks.lib.grid.run_grid`, time
+only; median of the per-round ratios); the chosen path is what ``conv_weight_grad`` dispatches
+to, so a size below its split threshold shows ~1.0.
+Results: benchmarks/results/speed/conv_weight_grad.{json,md,png}.
 Discussed in docs/speed.md.
 
-    python benchmarks/conv_weight_grad.py [--repeats 5]
+    python -m benchmarks.speed.conv_weight_grad [--repeats 5]   # make conv-bench
 """
 import argparse
 import os
 import os.path as osp
-from statistics import median
 
 import torch
 
-from nala_mm.analysis.measure import device_name, interleaved_ms
+from nala_mm.analysis.measure import add_case_argument, device_name, print_case_result
 from nala_mm.ops.fused.conv_weight_grad import conv_weight_grad
 
-from paths import RESULTS
-from report import markdown_table, pyplot, save_figure, write_json, write_markdown
+from ..lib.grid import grid_case, run_grid
+from ..lib.paths import SPEED_RESULTS
+from ..lib.report import (
+    add_report_only_argument,
+    markdown_table,
+    pyplot,
+    read_json,
+    save_figure,
+    write_json,
+    write_markdown,
+)
 
 # (label, in channels, out channels, kernel, stride, map side): NaLaFormer-T, batch 2
 CASES = [(f'downsample {cin}->{cout}', cin, cout, 3, 2, side)
@@ -49,26 +58,19 @@ def case_steps(cin: int, cout: int, kernel: int, stride: int, side: int):
     return dict(onednn=onednn, ours=ours)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('--repeats', type=int, default=5)
-    parser.add_argument('--out', default=RESULTS)
-    args = parser.parse_args()
-    from tqdm import tqdm
-    rows = []
-    for label, cin, cout, kernel, stride, side in tqdm(CASES, desc='weight gradients'):
-        times = interleaved_ms(case_steps(cin, cout, kernel, stride, side), args.repeats)
-        rows.append(dict(case=label, side=side, onednn_ms=median(times['onednn']),
-                         ours_ms=median(times['ours']),
-                         speedup=median(a / b for a, b in zip(times['onednn'], times['ours']))))
-    os.makedirs(args.out, exist_ok=True)
-    stem = osp.join(args.out, 'conv_weight_grad')
-    write_json(stem + '.json', dict(device=device_name('cpu'), torch=torch.__version__,
-                                    batch=BATCH, repeats=args.repeats, rows=rows))
-    lines = [f'# Conv weight gradients ({device_name("cpu")})', '',
-             f'torch {torch.__version__}; batch {BATCH}, channels-last inputs; oneDNN vs '
-             f'nala_mm.ops.conv_weight_grad timed in turns, {args.repeats} rounds; speed-up = '
+def step_of(name: str, case: dict):
+    """The grid's child: oneDNN's or our weight gradient at ``case``'s shape."""
+    return case_steps(case['cin'], case['cout'], case['kernel'], case['stride'],
+                      case['side'])[name]
+
+
+def write_outputs(saved: dict, stem: str) -> None:
+    """``stem.json`` (``saved``), the page ``stem.md`` and the plot ``stem.png``."""
+    rows = saved['rows']
+    write_json(stem + '.json', saved)
+    lines = [f"# Conv weight gradients ({saved['device']})", '',
+             f"torch {saved['torch']}; batch {saved['batch']}, channels-last inputs; oneDNN vs "
+             f"nala_mm.ops.conv_weight_grad timed in turns, {saved['repeats']} rounds; speed-up = "
              'median of the per-round ratios.', '']
     lines += markdown_table(['case', 'map side', 'oneDNN ms', 'ours ms', 'speed-up'],
                             [[r['case'], r['side'], f"{r['onednn_ms']:.1f}",
@@ -81,6 +83,35 @@ def main() -> None:
     ax.set_xlabel('speed-up over oneDNN (median of per-round ratios)')
     ax.invert_yaxis()
     save_figure(fig, stem + '.png')
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_case_argument(parser)
+    add_report_only_argument(parser, 'conv_weight_grad')
+    parser.add_argument('--repeats', type=int, default=5)
+    parser.add_argument('--out', default=SPEED_RESULTS)
+    args = parser.parse_args()
+    if args.case is not None:
+        print_case_result(grid_case(args.case, step_of))
+        return
+    stem = osp.join(args.out, 'conv_weight_grad')
+    if args.report_only:
+        write_outputs(read_json(stem + '.json'), stem)
+        print(open(stem + '.md').read())
+        return
+    cases = [(dict(case=label, cin=cin, cout=cout, kernel=kernel, stride=stride, side=side),
+              ['onednn', 'ours']) for label, cin, cout, kernel, stride, side in CASES]
+    grid = run_grid(__spec__.name, cases, repeats=args.repeats, warmup=1, device='cpu',
+                    reference='ours', memory=False, desc='weight gradients')
+    rows = []
+    for onednn, ours in zip(grid[::2], grid[1::2]):  # one row per case: the two paths
+        rows.append(dict(case=onednn['case'], side=onednn['side'], onednn_ms=onednn['ms'],
+                         ours_ms=ours['ms'], speedup=onednn['ms_ratio']))
+    os.makedirs(args.out, exist_ok=True)
+    write_outputs(dict(device=device_name('cpu'), torch=torch.__version__, batch=BATCH,
+                       repeats=args.repeats, rows=rows), stem)
     print(open(stem + '.md').read())
 
 

@@ -8,13 +8,15 @@ fast NaLa path). One process, same weights, same input:
   * parity: relative L2 error of ONNX Runtime's logits against PyTorch's;
   * time: both engines in turns (a round times each once; ``--repeats`` rounds after one warm-up
     round), so load drift on a shared machine reaches both; reported as medians, minima and the
-    median of the per-round ratios ONNX Runtime / PyTorch.
+    median of the per-round ratios ONNX Runtime / PyTorch. (Not on the grid of the other speed
+    benchmarks: the engines share one exported graph and its session, in one process.)
   * torch.compile: what its graph capture (dynamo, ``backend='eager'``: no code generation)
     makes of the model: graphs, graph breaks with their reasons, and graphs added when the input
     size changes. ``--compile`` also times inductor-compiled code (slow to compile on CPU).
-Results: benchmarks/results/deploy.{json,md,png}; discussed in docs/deploy.md.
+Results: benchmarks/results/speed/deploy.{json,md,png}; discussed in docs/deploy.md.
 
-    python benchmarks/deploy.py [--sides 512 1024] [--repeats 5 3] [--compile]
+    python -m benchmarks.speed.deploy [--sides 512 1024] [--repeats 5 3] [--compile]
+    python -m benchmarks.speed.deploy --report-only    # the page and plot from the JSON
 """
 import argparse
 import os
@@ -33,8 +35,16 @@ from nala_mm.analysis.measure import interleaved_ms
 from nala_mm.deploy import DEFAULT_OPSET, build_exportable, export, ort_session, relative_l2
 from nala_mm.models import LinearAttention, NormAwareLinearAttention, SoftmaxAttention
 
-from paths import REPO, RESULTS
-from report import markdown_table, pyplot, save_figure, write_json, write_markdown
+from ..lib.paths import REPO, SPEED_RESULTS
+from ..lib.report import (
+    add_report_only_argument,
+    markdown_table,
+    pyplot,
+    read_json,
+    save_figure,
+    write_json,
+    write_markdown,
+)
 
 # torch.compile's capture is examined on one model: the hybrid has the same NaLa layers (stages
 # 1-2), and capturing is slow.
@@ -218,8 +228,13 @@ def main() -> None:
     parser.add_argument('--models', nargs='+', choices=list(MODELS), default=list(MODELS))
     parser.add_argument('--compile', action='store_true',
                         help='also time inductor-compiled code (minutes of compilation)')
-    parser.add_argument('--out', default=RESULTS, help='output folder')
+    parser.add_argument('--out', default=SPEED_RESULTS, help='output folder')
+    add_report_only_argument(parser, 'deploy')
     args = parser.parse_args()
+    stem = osp.join(args.out, 'deploy')
+    if args.report_only:
+        write_outputs(read_json(stem + '.json'), stem)
+        return
     repeats = args.repeats if len(args.repeats) == len(args.sides) else \
         [args.repeats[0]] * len(args.sides)
     import onnx
@@ -257,12 +272,16 @@ def main() -> None:
     result['total_s'] = time.perf_counter() - start
     result['load_average_end'] = os.getloadavg()
     os.makedirs(args.out, exist_ok=True)
-    stem = osp.join(args.out, 'deploy')
+    write_outputs(result, stem)
+    print(f'total {result["total_s"] / 60:.1f} min')
+
+
+def write_outputs(result: dict, stem: str) -> None:
+    """``stem.json`` (``result``), the page ``stem.md`` and the plot ``stem.png``."""
     write_json(stem + '.json', result)
     write_markdown(stem + '.md', report_lines(result))
     plot(result, stem + '.png')
     print(open(stem + '.md').read())
-    print(f'total {result["total_s"] / 60:.1f} min')
 
 
 if __name__ == '__main__':

@@ -4,12 +4,12 @@ from their configs: inference and training step against the input size.
 Inference: eval mode, batch 1, ``torch.no_grad``, ``forward(mode='tensor')`` (backbone + decode
 head, the logits at 1/4 scale). Training step: train mode, ``forward(mode='loss')`` on random
 150-class label maps (decode and auxiliary heads), the summed loss's backward, batch 2.
-Processes, report and plot: benchmarks/sweep.py.
-Results: benchmarks/results/segmentor.{json,md,png} (``segmentor_cuda.*`` on GPU).
+Processes, report and plot: benchmarks/lib/sweep.py.
+Results: benchmarks/results/speed/segmentor.{json,md,png} (``segmentor_cuda.*`` on GPU).
 Discussed in docs/speed.md.
 
-    python benchmarks/segmentor.py                              # fwd 1024 2048, train 512
-    python benchmarks/segmentor.py --sizes 512 --train-sizes --device cuda
+    python -m benchmarks.speed.segmentor                              # fwd 1024 2048, train 512
+    python -m benchmarks.speed.segmentor --sizes 512 --train-sizes --device cuda
 """
 import os.path as osp
 from typing import Dict
@@ -18,8 +18,8 @@ import torch
 
 from nala_mm.analysis.measure import Step
 
-from paths import REPO
-from sweep import sweep_cli
+from ..lib.paths import REPO
+from ..lib.sweep import sweep_cli
 
 SEGMENTORS: Dict[str, dict] = {
     'nala_t_linear': dict(label='UperNet + NaLaFormer-T (all linear)',
@@ -61,6 +61,6 @@ def segmentor_step(name: str, side: int, mode: str, batch: int, device: str) -> 
 
 
 if __name__ == '__main__':
-    sweep_cli(osp.abspath(__file__), __doc__, 'segmentor', SEGMENTORS, segmentor_step,
+    sweep_cli(__spec__.name, __doc__, 'segmentor', SEGMENTORS, segmentor_step,
               reference='swin_t', default_sizes=dict(fwd=(1024, 2048), train=(512,)),
               description='Segmentor benchmark')

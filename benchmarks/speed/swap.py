@@ -4,14 +4,14 @@ mmdet's PVTv2-B0, each stock against its NaLa-swapped versions (nala_mm.models.s
 
 Per family, the models are timed in turns in one process (time ratio = median of per-round ratios
 against the stock parent) and each model's peak memory is taken in a fresh process of its own
-(benchmarks/sweep.py). Parameters and FLOPs (nala_mm.analysis.count_flops, which counts the
+(benchmarks/lib/sweep.py). Parameters and FLOPs (nala_mm.analysis.count_flops, which counts the
 swapped mixers' fast op) come from one traced forward per model and size. The NaLa mixers use the
 paper's cosine kernel (the 'nala' shorthand), as the configs in configs/swap/ do. Results:
-benchmarks/results/swap.{json,md,png}; discussed in docs/swap.md.
+benchmarks/results/speed/swap.{json,md,png}; discussed in docs/swap.md.
 
-    python benchmarks/swap.py                                  # everything
-    taskset -c 0 python benchmarks/swap.py --threads 1         # one core of a shared machine
-    python benchmarks/swap.py --sizes 512 --families mit --repeats 2
+    python -m benchmarks.speed.swap                                  # everything
+    taskset -c 0 python -m benchmarks.speed.swap --threads 1         # one core of a shared machine
+    python -m benchmarks.speed.swap --sizes 512 --families mit --repeats 2
 """
 import argparse
 import os
@@ -24,9 +24,17 @@ from torch import nn
 from nala_mm.analysis.measure import add_case_argument, device_name, print_case_result
 from nala_mm.models import DEFAULT_HYBRID
 
-from paths import RESULTS
-from report import fmt, markdown_table, read_json, write_json, write_markdown
-from sweep import run_cases, sweep_case, sweep_plot
+from ..lib.grid import grid_case, run_grid
+from ..lib.paths import SPEED_RESULTS
+from ..lib.report import (
+    add_report_only_argument,
+    fmt,
+    markdown_table,
+    read_json,
+    write_json,
+    write_markdown,
+)
+from ..lib.sweep import grid_step, pixels, size_cases, sweep_plot
 
 SWIN_T = dict(embed_dims=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24), window_size=7)
 B0 = dict(embed_dims=32, num_layers=[2, 2, 2, 2], num_heads=[1, 2, 5, 8])
@@ -107,25 +115,25 @@ def main() -> None:
                         help='intra-op threads of every measuring process (default: torch\'s); '
                              'on a shared machine pin the run to free cores with taskset and '
                              'give as many threads')
-    parser.add_argument('--out', default=RESULTS)
-    parser.add_argument('--report', action='store_true',
-                        help='only redraw the table and plot from the saved JSON')
+    parser.add_argument('--out', default=SPEED_RESULTS)
+    add_report_only_argument(parser, 'swap')
     args = parser.parse_args()
-    if args.report:
+    if args.report_only:
         report(osp.join(args.out, 'swap' if args.device == 'cpu' else f'swap_{args.device}'))
         return
     if args.threads:
         os.environ['OMP_NUM_THREADS'] = str(args.threads)  # the measuring processes inherit it
         torch.set_num_threads(args.threads)
     if args.case is not None:
-        print_case_result(sweep_case(args.case, forward_step))
+        print_case_result(grid_case(args.case, grid_step(forward_step)))
         return
-    script = osp.abspath(__file__)
     rows, costs = [], {}
     for family in args.families:
         models = FAMILIES[family]
-        rows += run_cases(script, models, {'fwd': args.sizes}, {'fwd': 1}, args.repeats,
-                          args.warmup, args.device, args.timeout, reference=next(iter(models)))
+        rows += run_grid(__spec__.name, size_cases(models, {'fwd': args.sizes}, {'fwd': 1}),
+                         repeats=args.repeats, warmup=args.warmup, device=args.device,
+                         reference=next(iter(models)), timeout=args.timeout, describe=pixels,
+                         desc=family)
         for name in models:  # traced here: the measurements above ran in their own processes
             costs[name] = flops_and_params(name, args.sizes)
     for row in rows:  # ratios against the family's stock parent at the same size
@@ -148,7 +156,7 @@ def main() -> None:
 
 
 def report(path: str) -> None:
-    """``path.md`` and ``path.png`` from ``path.json`` (``--report`` redraws them alone)."""
+    """``path.md`` and ``path.png`` from ``path.json`` (``--report-only`` redraws them alone)."""
     saved = read_json(path + '.json')
     models = {name: dict(label=label) for name, label in saved['models'].items()}
     lines = [f"# Stock backbones with NaLa swapped in ({saved['device']})", '',

@@ -18,21 +18,19 @@ runs its memory and time are predicted from the smaller sizes (a power law in th
 to the last two measured sizes, its exponent held to [1, 2], and for ``stock`` never below the
 N x N tensors it keeps); a case predicted past this machine's memory or past ``--cap`` seconds
 is skipped and its prediction recorded instead, so the out-of-memory killer is never reached
-(each child also runs under an address-space limit). Results: benchmarks/results/vit.{json,md,
-png}; the Cityscapes whole-image vs sliding-window inference is benchmarks/vit_cityscapes.py.
+(each child also runs under an address-space limit). Results: benchmarks/results/speed/vit.{json,md,
+png}; the Cityscapes whole-image vs sliding-window inference is benchmarks/speed/vit_cityscapes.py.
 
-    python benchmarks/vit.py                                   # everything (make vit-bench)
-    python benchmarks/vit.py --widths s --sizes 512 1024 --train-sizes --out /tmp/vit
-    python benchmarks/vit.py --report-only
+    python -m benchmarks.speed.vit                                   # everything (make vit-bench)
+    python -m benchmarks.speed.vit --widths s --sizes 512 1024 --train-sizes --out /tmp/vit
+    python -m benchmarks.speed.vit --report-only
 """
 import argparse
 import math
 import os
 import os.path as osp
-import resource
 from typing import List, Optional
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -41,16 +39,13 @@ from nala_mm.analysis.measure import (
     add_case_argument,
     available_mib,
     device_name,
-    in_turns,
-    median_ms,
-    peak_memory_mib,
     print_case_result,
-    run_case,
 )
-from nala_mm.provenance import code_version
 
-from paths import RESULTS
-from report import (
+from ..lib.grid import grid_case, per_round_ratio, run_grid
+from ..lib.paths import SPEED_RESULTS
+from ..lib.provenance import code_version
+from ..lib.report import (
     add_report_only_argument,
     fmt,
     log_log_axes,
@@ -61,7 +56,7 @@ from report import (
     write_json,
     write_markdown,
 )
-from sweep import MODE_TITLES, backbone_step
+from ..lib.sweep import MODE_TITLES, backbone_step
 
 WIDTHS = {'s': dict(embed_dims=384, num_heads=6), 'b': dict(embed_dims=768, num_heads=12)}
 ENGINES = {'stock': 'stock (explicit attention weights)',
@@ -155,80 +150,48 @@ def predict(rows: List[dict], name: str, mode: str, side: int) -> dict:
                 ms=time)
 
 
-# ------------------------------------------------------------------------------ child
-def child(case: dict) -> dict:
-    """One case: a model's peak memory, or several models timed in turns."""
-    if case['device'] == 'cpu':  # an allocation past the limit fails; the OOM killer never runs
-        limit = int(case['limit_mib'] * 2 ** 20)
-        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    torch.manual_seed(0)
-    steps = {name: make_step(name, case['side'], case['mode'], case['device'])
-             for name in case['models']}
-    if case['what'] == 'memory':
-        step, = steps.values()
-        for _ in range(case['warmup']):
-            step()
-        return dict(peak_mib=peak_memory_mib(step, case['device']))
-    if case['repeats'] == 1 and case['warmup'] == 0:  # a case too long for rounds: one call
-        return {name: dict(median_ms=median_ms(step, 1, case['device'], warmup=0),
-                           single_call=True) for name, step in steps.items()}
-    return in_turns(steps, case['models'][0], case['repeats'], case['warmup'], case['device'])
+# ------------------------------------------------------------------------------ the grid
+def step_of(name: str, case: dict) -> Step:
+    """The grid's child: one call of model ``name`` in ``case``."""
+    return make_step(name, case['side'], case['mode'], case['device'])
 
 
-# ------------------------------------------------------------------------------ parent
+def describe(name: str, settings: dict) -> dict:
+    return dict(engine=name.split('_')[2], tokens=tokens(settings['side']),
+                pixels=settings['side'] ** 2, batch=1)
+
+
+def predictor(budget_mib: float, cap_s: float, calls: int):
+    """Skip a case predicted past the free memory or the cap; one call where rounds would pass
+    the cap."""
+    def predict_row(rows: List[dict], name: str, settings: dict) -> dict:
+        guess = predict(rows, name, settings['mode'], settings['side'])
+        row = dict(predicted_mib=guess['mib'], predicted_ms=guess['ms'])
+        if guess['mib'] is not None and guess['mib'] > budget_mib:
+            row['skipped'] = (f'predicted {guess["mib"] / 1024:.1f} GiB of peak memory, '
+                              f'over the {budget_mib / 1024:.1f} GiB this machine has free')
+        elif guess['ms'] is not None and guess['ms'] / 1e3 > cap_s:
+            row['skipped'] = (f'predicted {guess["ms"] / 6e4:.1f} min a call, over the '
+                              f'{cap_s / 60:.0f}-minute cap per case')
+        else:
+            row['calls'] = 1 if guess['ms'] and guess['ms'] * calls / 1e3 > cap_s else calls
+        return row
+    return predict_row
+
+
 def sweep(args) -> List[dict]:
-    from tqdm import tqdm
     budget = available_mib(args.device) - SAFETY_MIB
-    rows: List[dict] = []
-    plan = [(mode, side, width) for mode, sides in (('fwd', args.sizes), ('train',
-                                                                          args.train_sizes))
-            for side in sides for width in args.widths]
-    for mode, side, width in (progress := tqdm(plan, desc='vit')):
-        progress.set_postfix_str(f'ViT-{width.upper()} {mode} {side}x{side}')
-        mine = []
-        for engine in ENGINES:
-            name = model_name(width, engine)
-            row = dict(model=name, width=width, engine=engine, mode=mode, side=side,
-                       tokens=tokens(side), pixels=side * side, batch=1)
-            guess = predict(rows, name, mode, side)
-            row['predicted_mib'], row['predicted_ms'] = guess['mib'], guess['ms']
-            calls = args.warmup + args.repeats
-            if guess['mib'] is not None and guess['mib'] > budget:
-                row['skipped'] = (f'predicted {guess["mib"] / 1024:.1f} GiB of peak memory, '
-                                  f'over the {budget / 1024:.1f} GiB this machine has free')
-            elif guess['ms'] is not None and guess['ms'] / 1e3 > args.cap:
-                row['skipped'] = (f'predicted {guess["ms"] / 6e4:.1f} min a call, over the '
-                                  f'{args.cap / 60:.0f}-minute cap per case')
-            else:
-                row['calls'] = 1 if guess['ms'] and guess['ms'] * calls / 1e3 > args.cap \
-                    else calls
-                memory = run_case(args.script, dict(
-                    models=[name], side=side, mode=mode, device=args.device, what='memory',
-                    warmup=1 if row['calls'] > 1 else 0, limit_mib=budget + PROCESS_MIB),
-                    memory=True, timeout=4 * args.cap)
-                row['mib'] = memory.get('peak_mib')
-                if 'error' in memory:
-                    row['error'] = memory['error']
-            progress.write(f'{name} {mode} {side}: ' + (row.get('skipped') or row.get('error')
-                                                       or f'{row["mib"]:.0f} MiB'))
-            mine.append(row)
-        timed = [r for r in mine if 'mib' in r and 'error' not in r]
-        single = any(r['calls'] == 1 for r in timed)
-        timing = run_case(args.script, dict(
-            models=[r['model'] for r in timed], side=side, mode=mode, device=args.device,
-            what='turns', repeats=1 if single else args.repeats,
-            warmup=0 if single else args.warmup,
-            limit_mib=budget + PROCESS_MIB), timeout=4 * args.cap * max(len(timed), 1)) \
-            if timed else {}
-        for row in timed:
-            result = timing.get(row['model'], {})
-            row.update(ms=result.get('median_ms'), ms_best=result.get('best_ms'),
-                       times_ms=result.get('times_ms', [result['median_ms']] if result else None))
-            if 'error' in timing:
-                row['error'] = timing['error']
-        rows += mine
-        write_outputs(dict(rows=rows, **header(args)), args.out)  # an interrupted run keeps it
-    return rows
+    cases = [(dict(mode=mode, side=side, width=width),
+              [model_name(width, engine) for engine in ENGINES])
+             for mode, sides in (('fwd', args.sizes), ('train', args.train_sizes))
+             for side in sides for width in args.widths]
+    return run_grid(__spec__.name, cases, repeats=args.repeats, warmup=args.warmup,
+                    device=args.device, predict=predictor(budget, args.cap,
+                                                          args.warmup + args.repeats),
+                    timeout=4 * args.cap, limit_mib=budget + PROCESS_MIB, describe=describe,
+                    # an interrupted run keeps what it measured
+                    after_case=lambda rows: write_outputs(dict(rows=rows, **header(args)),
+                                                          args.out), desc='vit')
 
 
 def header(args) -> dict:
@@ -246,10 +209,7 @@ def ratio(rows: List[dict], row: dict, engine: str, key: str) -> Optional[float]
     if other is None or row is other:
         return None
     if key == 'ms':
-        mine, theirs = row.get('times_ms'), other.get('times_ms')
-        if not mine or not theirs or len(mine) != len(theirs):
-            return None
-        return float(np.median([a / b for a, b in zip(mine, theirs)]))
+        return per_round_ratio(row, other)
     return row['mib'] / other['mib'] if row.get('mib') and other.get('mib') else None
 
 
@@ -388,16 +348,15 @@ def main() -> None:
     parser.add_argument('--warmup', type=int, default=1, help='untimed rounds before timing')
     parser.add_argument('--cap', type=int, default=600, help='seconds a case may take')
     parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
-    parser.add_argument('--out', default=RESULTS)
+    parser.add_argument('--out', default=SPEED_RESULTS)
     args = parser.parse_args()
     if args.case is not None:
-        print_case_result(child(args.case))
+        print_case_result(grid_case(args.case, step_of))
         return
     if args.report_only:
         stem = 'vit' if args.device == 'cpu' else 'vit_cuda'
         write_outputs(read_json(osp.join(args.out, stem + '.json')), args.out)
         return
-    args.script = osp.abspath(__file__)
     args.commit = code_version()  # taken at the start: a commit landing meanwhile is not it
     sweep(args)
     print(open(osp.join(args.out, 'vit.md' if args.device == 'cpu' else 'vit_cuda.md')).read())

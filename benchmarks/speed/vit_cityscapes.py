@@ -7,19 +7,17 @@ image (65,537 tokens) with the 19 classes.
 Each case runs in a fresh process: the segmentor built from its config with random weights (no
 download), one batch-1 image, ``EncoderDecoder.inference`` in eval mode without gradients (what
 ``test.py`` runs, up to the logits at full resolution), one call timed and its peak memory
-above the baseline taken (``--warmup`` calls before it; none by default, since every call takes
-minutes here, far more than one-time allocations); a case predicted past the free memory is
-skipped and its prediction recorded. Results: benchmarks/results/vit_cityscapes.{json,md};
+above the baseline taken (no warm-up call: every call takes minutes here, far more than one-time
+allocations); a case predicted past the free memory is skipped and its prediction recorded
+(:func:`benchmarks.lib.grid.run_grid`). Results: benchmarks/results/speed/vit_cityscapes.{json,md};
 docs/vit.md.
 
-    python benchmarks/vit_cityscapes.py                  # make vit-bench runs it after vit.py
-    python benchmarks/vit_cityscapes.py --cases nala_whole nala_slide --out /tmp/x
+    python -m benchmarks.speed.vit_cityscapes                  # make vit-bench runs it after vit.py
+    python -m benchmarks.speed.vit_cityscapes --cases nala_whole nala_slide --out /tmp/x
 """
 import argparse
 import os
 import os.path as osp
-import resource
-import time
 from typing import Dict
 
 import torch
@@ -28,14 +26,13 @@ from nala_mm.analysis.measure import (
     add_case_argument,
     available_mib,
     device_name,
-    peak_memory_mib,
     print_case_result,
-    run_case,
 )
-from nala_mm.provenance import code_version
 
-from paths import REPO, RESULTS
-from report import (
+from ..lib.grid import grid_case, run_grid
+from ..lib.paths import REPO, SPEED_RESULTS
+from ..lib.provenance import code_version
+from ..lib.report import (
     add_report_only_argument,
     fmt,
     markdown_table,
@@ -62,31 +59,45 @@ CASES: Dict[str, dict] = {
 SAFETY_MIB = 2048
 
 
-def child(case: dict) -> dict:
-    limit = int(case['limit_mib'] * 2 ** 20)
-    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))  # fail, never reach the OOM killer
+def step_of(name: str, case: dict):
+    """The grid's child: one whole-image or sliding-window inference of case ``name``."""
     from nala_mm import compat
     from nala_mm.config_loading import build_model_from_config
     compat.install()
-    spec = CASES[case['name']]
+    spec = CASES[name]
     options = {'model.pretrained': None, 'model.backbone.init_cfg': None,
                'model.test_cfg': spec['test_cfg']}
-    torch.manual_seed(0)
     model, _ = build_model_from_config(spec['config'], options)
     height, width = spec['size']
     image = torch.randn(1, 3, height, width)
     metas = [dict(ori_shape=(height, width), img_shape=(height, width),
                   pad_shape=(height, width), padding_size=[0, 0, 0, 0])]
-    logits = []
 
     def step() -> None:
         with torch.no_grad():
-            logits[:] = [model.inference(image, metas).shape]
-    for _ in range(case['warmup']):
-        step()
-    start = time.perf_counter()
-    peak = peak_memory_mib(step, 'cpu')
-    return dict(ms=(time.perf_counter() - start) * 1e3, mib=peak, logits=list(logits[0]))
+            model.inference(image, metas)
+    return step
+
+
+def describe(name: str, settings: dict) -> dict:
+    spec = CASES[name]
+    slide = spec['test_cfg']['mode'] == 'slide'
+    crop = (768, 768) if slide else spec['size']
+    return dict(case=name, windows=windows(spec['size']) if slide else 1,
+                tokens_per_pass=(crop[0] // 16) * (crop[1] // 16) + 1)
+
+
+def predictor(budget_mib: float):
+    """A stock case predicted past the free memory is skipped; every other case is one call."""
+    def predict(rows, name: str, settings: dict) -> dict:
+        row = dict(predicted_mib=predicted_mib(name) or None)
+        if predicted_mib(name) > budget_mib:
+            row['skipped'] = (f'predicted {predicted_mib(name) / 1024:.1f} GiB of peak memory, '
+                              f'over the {budget_mib / 1024:.1f} GiB free')
+        else:
+            row['calls'] = 1
+        return row
+    return predict
 
 
 def windows(size, crop=(768, 768), stride=(512, 512)) -> int:
@@ -140,39 +151,23 @@ def main() -> None:
     add_case_argument(parser)
     add_report_only_argument(parser, 'vit_cityscapes')
     parser.add_argument('--cases', nargs='+', choices=list(CASES), default=list(CASES))
-    parser.add_argument('--warmup', type=int, default=0, help='untimed calls before the one')
-    parser.add_argument('--out', default=RESULTS)
+    parser.add_argument('--out', default=SPEED_RESULTS)
     args = parser.parse_args()
     if args.case is not None:
-        print_case_result(child(args.case))
+        print_case_result(grid_case(args.case, step_of))
         return
     if args.report_only:
         write_outputs(read_json(osp.join(args.out, 'vit_cityscapes.json')), args.out)
         return
-    from tqdm import tqdm
-
     budget = available_mib('cpu') - SAFETY_MIB
     saved = dict(commit=code_version(), device=device_name('cpu'), torch=torch.__version__,
-                 warmup=args.warmup, rows=[])
-    for name in (progress := tqdm(args.cases, desc='SETR')):
-        progress.set_postfix_str(name)
-        spec = CASES[name]
-        slide = spec['test_cfg']['mode'] == 'slide'
-        crop = (768, 768) if slide else spec['size']
-        row = dict(case=name, windows=windows(spec['size']) if slide else 1,
-                   tokens_per_pass=(crop[0] // 16) * (crop[1] // 16) + 1,
-                   predicted_mib=predicted_mib(name) or None)
-        if predicted_mib(name) > budget:
-            row['skipped'] = (f'predicted {predicted_mib(name) / 1024:.1f} GiB of peak memory, '
-                              f'over the {budget / 1024:.1f} GiB free')
-        else:
-            result = run_case(osp.abspath(__file__), dict(
-                name=name, warmup=args.warmup, limit_mib=budget + 3072), memory=True,
-                timeout=3600)
-            row.update(result)
-        progress.write(f'{name}: {row}')
-        saved['rows'].append(row)
-        write_outputs(saved, args.out)
+                 warmup=0, rows=[])
+
+    def save(rows):  # after each case: an interrupted run keeps what it measured
+        write_outputs(dict(saved, rows=rows), args.out)
+    run_grid(__spec__.name, [(dict(), [name]) for name in args.cases], repeats=1, warmup=0,
+             device='cpu', predict=predictor(budget), limit_mib=budget + 3072, describe=describe,
+             after_case=save, desc='SETR')
     print(open(osp.join(args.out, 'vit_cityscapes.md')).read())
 
 

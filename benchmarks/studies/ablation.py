@@ -5,11 +5,11 @@ in all four stages, trained from scratch on the synthetic ADE20K-layout data wit
 shortened schedule, data order and seeds; only the mixer differs, and every mixer has exactly the
 same parameters (the shared gated wrapper). Each (variant, seed) trains in its own process
 through tools/train.py and is evaluated once at the end (mIoU on the 40 validation images).
-Results: benchmarks/results/ablation.{json,md,png} (the JSON lists every run); discussed in
+Results: benchmarks/results/studies/ablation.{json,md,png} (the JSON lists every run); discussed in
 docs/mixers.md.
 
-    python benchmarks/ablation.py                      # 5 variants x 3 seeds (make ablation)
-    python benchmarks/ablation.py --iters 100 --seeds 0 --variants nala-cosine softmax
+    python -m benchmarks.studies.ablation                   # 5 variants x 3 seeds (make ablation)
+    python -m benchmarks.studies.ablation --iters 100 --seeds 0 --variants nala-cosine softmax
 """
 import argparse
 import json
@@ -19,10 +19,9 @@ import tempfile
 from statistics import mean, stdev
 from typing import Dict, List
 
-from presets import PRESETS, MixerPreset
-
-from paths import REPO, RESULTS
-from report import (
+from ..lib.paths import REPO, STUDY_RESULTS
+from ..lib.presets import PRESETS, MixerPreset
+from ..lib.report import (
     add_report_only_argument,
     markdown_table,
     pm,
@@ -34,7 +33,7 @@ from report import (
     write_json,
     write_markdown,
 )
-from runs import mixer_sweep_config, train_config
+from ..lib.runs import mixer_sweep_config, train_config
 
 DEMO = osp.join(REPO, 'configs', 'demo', 'ade20k_demo_nala_upernet.py')
 # the five of the committed sweep ('linear' is the ReLU one)
@@ -126,9 +125,9 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--variants', nargs='+', choices=list(VARIANTS), default=list(VARIANTS))
     parser.add_argument('--seeds', nargs='+', type=int, default=[0, 1, 2])
-    # the schedule of the committed results (benchmarks/results/ablation.json)
+    # the schedule of the committed results (benchmarks/results/studies/ablation.json)
     parser.add_argument('--iters', type=int, default=200)
-    parser.add_argument('--out', default=RESULTS)
+    parser.add_argument('--out', default=STUDY_RESULTS)
     add_report_only_argument(parser, 'ablation')
     args = parser.parse_args()
     stem = osp.join(args.out, 'ablation')

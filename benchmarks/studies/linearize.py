@@ -4,7 +4,7 @@ continued, at equal labelled budget.
 
 Teachers, each trained once with softmax attention (seed 0) and frozen as the starting point:
 
-* ``swin``: the small Swin + UperNet of the swap study on the demo data (benchmarks/runs.py),
+* ``swin``: the small Swin + UperNet of the swap study on the demo data (benchmarks/lib/runs.py),
   NaLa in stages 1-2;
 * ``vit``: a one-layer ViT (patch 8, the class token) on the long-range exemplar task
   (configs/longrange/ade20k_longrange_vit.py), NaLa in its layer. Calibrated as the task was:
@@ -22,35 +22,30 @@ The swapped checkpoints come from tools/linearize.py (``--iters 0`` is the plain
 evaluated before fine-tuning (zero-shot); fine-tuning evaluates every N/4 iterations (the curve).
 Every run is its own process (tools/train.py, tools/test.py, tools/linearize.py).
 
-``--choices`` instead measures the design choices of the transfer on the Swin teacher (target,
-inputs, which parameters, learning rate): the zero-shot mIoU and the feature error each gives.
-``--iterations`` measures the ViT teacher's zero-shot mIoU after 0 to 2,000 transfer iterations.
-Results: benchmarks/results/linearize.{json,md,png}, linearize_choices.{json,md} and
-linearize_iterations.{json,md}; discussed in docs/linearize.md.
+The teachers, the arms' configs and the runs are shared by the two follow-up studies beside
+this one: :mod:`.linearize_choices` (the transfer's design choices on the Swin teacher) and
+:mod:`.linearize_iterations` (the ViT teacher's zero-shot mIoU against transfer iterations).
+Results: benchmarks/results/studies/linearize.{json,md,png}; discussed in docs/linearize.md.
 
-    python benchmarks/linearize.py                 # both teachers, 3 seeds (make linearize)
-    python benchmarks/linearize.py --choices       # the design choices (make linearize-choices)
-    python benchmarks/linearize.py --iterations    # the ViT against transfer iterations
-    python benchmarks/linearize.py --teachers swin --seeds 0 --finetune-iters 40 --out /tmp/l
-    python benchmarks/linearize.py --report-only
+    python -m benchmarks.studies.linearize           # both teachers, 3 seeds (make linearize)
+    python -m benchmarks.studies.linearize --teachers swin --seeds 0 --finetune-iters 40 \
+        --out /tmp/l
+    python -m benchmarks.studies.linearize --report-only
 """
 import argparse
 import json
 import os
 import os.path as osp
-import re
-import subprocess
-import sys
 import time
 from statistics import mean, stdev
 from typing import Dict, List, Optional
 
-from nala_mm.analysis.measure import error_of
 from nala_mm.models import DEFAULT_HYBRID
-from nala_mm.provenance import code_version
 
-from paths import REPO, RESULTS
-from report import (
+from ..lib.evaluation import curve, linearize, test_miou
+from ..lib.paths import REPO, STUDY_RESULTS
+from ..lib.provenance import code_version
+from ..lib.report import (
     add_report_only_argument,
     fmt,
     markdown_table,
@@ -61,7 +56,7 @@ from report import (
     write_json,
     write_markdown,
 )
-from runs import DEMO, schedule, small_swin_config, tool_env, train_config
+from ..lib.runs import DEMO, schedule, small_swin_config, train_config
 
 VIT_STOCK = osp.join(REPO, 'configs', 'longrange', 'ade20k_longrange_vit.py')
 VIT_NALA = osp.join(REPO, 'configs', 'longrange', 'ade20k_longrange_vit_nala.py')
@@ -95,37 +90,6 @@ def config_text(teacher: str, arm: str, seed: int, iters: int, load_from=None,
     return text + schedule(seed, iters, load_from, val_every) + rate
 
 
-def run(args: List[str], what: str) -> str:
-    proc = subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True,
-                          env=tool_env())
-    if proc.returncode != 0:
-        raise RuntimeError(f'{what}: {error_of(proc)}')
-    return proc.stdout + proc.stderr
-
-
-def test_miou(config: str, checkpoint: str, work_dir: str) -> float:
-    log = run([osp.join(REPO, 'tools', 'test.py'), config, checkpoint, '--work-dir', work_dir],
-              f'testing {checkpoint}')
-    return float(re.findall(r'mIoU: ([\d.]+)', log)[-1])
-
-
-def linearize(config: str, checkpoint: str, out: str, iters: int, seed: int,
-              extra: List[str] = ()) -> dict:
-    """tools/linearize.py; its report, with the wall time of the whole call."""
-    start = time.perf_counter()
-    run([osp.join(REPO, 'tools', 'linearize.py'), config, checkpoint, '--out', out,
-         '--iters', str(iters), '--cfg-options', f'randomness.seed={seed}', *extra],
-        f'linearizing {checkpoint}')
-    report = read_json(osp.splitext(out)[0] + '.json')
-    report['wall_seconds'] = round(time.perf_counter() - start, 1)
-    return report
-
-
-def curve(records: List[dict]) -> List[float]:
-    """The mIoU at each evaluation of a run, in order."""
-    return [r['mIoU'] for r in records if 'mIoU' in r]
-
-
 def finished(result: dict, what: str) -> dict:
     if 'error' in result:
         raise RuntimeError(f'{what}: {result["error"]}')
@@ -149,9 +113,10 @@ def train_teacher(teacher: str, spec: dict, root: str) -> dict:
     iters = spec['pretrain_iters']
     result = {}
     if teacher == 'vit':
-        from nala_mm.analysis.receptive_field import conv_reach
         from nala_mm.config_loading import build_model_from_config
         from nala_mm.datasets.longrange import FAR_PX
+
+        from ..lib.receptive_field import conv_reach
         control, _ = build_model_from_config(VIT_NALA, {
             'model.backbone.mixers': [dict(type='IdentityAttention')]})
         control.init_weights()
@@ -305,133 +270,11 @@ def plot(saved: dict, path: str) -> None:
     save_figure(fig, path)
 
 
-# ------------------------------------------------------------------------------ choices
-CHOICES = [dict(target=t, inputs=i, params=p) for t in ('block', 'attention')
-           for i in ('teacher', 'sequence') for p in ('mixer', 'new')]
-LEARNING_RATES = (3e-4, 1e-3, 3e-3)
-
-
-def choices(args, root: str) -> dict:
-    from tqdm import tqdm
-    spec = TEACHERS['swin']
-    os.makedirs(root, exist_ok=True)
-    prepare_data('swin')
-    commit = code_version()
-    start = train_teacher('swin', spec, root)
-    swapped_cfg = osp.join(root, 'swapped.py')
-    with open(swapped_cfg, 'w') as f:
-        f.write(config_text('swin', 'plain', 0, spec['finetune_iters']))
-    results = []
-
-    def measure(options: dict, iters: int) -> dict:
-        path = osp.join(root, f'choice{len(results)}.pth')
-        extra = [x for k, v in options.items() for x in (f'--{k}', str(v))]
-        report = linearize(swapped_cfg, start['checkpoint'], path, iters, 0, extra)
-        feats = {r['name']: r['rel_l2_after'] for r in report['rows']
-                 if r['name'].startswith('features.')}
-        return dict(options=dict(report['options']), iters=iters, features=feats,
-                    seconds=report['seconds'],
-                    zero_shot_mIoU=test_miou(swapped_cfg, path, osp.join(root, 'test')))
-
-    results.append(dict(measure({}, 0), plain_swap=True))
-    for options in tqdm(CHOICES, desc='choices'):
-        results.append(measure(dict(options, lr=1e-3), spec['transfer_iters']))
-    best = max(results[1:], key=lambda r: r['zero_shot_mIoU'])['options']
-    for lr in tqdm([x for x in LEARNING_RATES if x != 1e-3], desc='learning rates'):
-        chosen = {k: best[k] for k in ('target', 'inputs', 'params')}
-        results.append(measure(dict(chosen, lr=lr), spec['transfer_iters']))
-    return dict(commit=commit, teacher=start, spec=spec, results=results)
-
-
-def write_choices(saved: dict, out: str) -> None:
-    stem = osp.join(out, 'linearize_choices')
-    write_json(stem + '.json', saved)
-    lines = ['# Attention transfer: the design choices, measured', '',
-             f"{saved['spec']['label']}; teacher mIoU {saved['teacher']['teacher_mIoU']:.2f}; "
-             f"each choice {saved['spec']['transfer_iters']} transfer iterations (seed 0), then "
-             'the zero-shot mIoU of the swapped model and the relative L2 error of its '
-             'features against the teacher on held-out training batches.', '']
-    rows = []
-    for r in saved['results']:
-        o = r['options']
-        name = 'plain swap (no transfer)' if r.get('plain_swap') else \
-            f"{o['target']}, {o['inputs']} inputs, {o['params']} params, lr {o['lr']:g}"
-        rows.append([name, f"{r['zero_shot_mIoU']:.2f}"] +
-                    [fmt(r['features'][k], 3) for k in sorted(r['features'])] +
-                    [fmt(r['seconds'])])
-    width = len(saved['results'][0]['features'])
-    lines += markdown_table(['choice', 'zero-shot mIoU'] +
-                            [f'feature {i} rel. L2' for i in range(width)] + ['seconds'], rows)
-    write_markdown(stem + '.md', lines)
-
-
-# ------------------------------------------------------------------------------ iterations
-# The study's 200 transfer iterations leave the ViT short of 90 % zero-shot; how many close it
-TRANSFER_ITERATIONS = (0, 200, 800, 2000)
-
-
-def iterations(args, root: str) -> dict:
-    """The ViT teacher's swap after 0 (the plain swap), 200, 800 and 2,000 transfer iterations:
-    zero-shot mIoU, the feature error and the transfer's time, per seed."""
-    from tqdm import tqdm
-    spec = TEACHERS['vit']
-    os.makedirs(root, exist_ok=True)
-    prepare_data('vit')
-    commit = code_version()
-    start = train_teacher('vit', spec, root)
-    rows = []
-    for seed in tqdm(args.seeds, desc='vit seeds'):
-        swapped_cfg = osp.join(root, f'swapped_seed{seed}.py')
-        with open(swapped_cfg, 'w') as f:
-            f.write(config_text('vit', 'plain', seed, spec['finetune_iters']))
-        for iters in TRANSFER_ITERATIONS:
-            path = osp.join(root, f'transfer{iters}_seed{seed}.pth')
-            report = linearize(swapped_cfg, start['checkpoint'], path, iters, seed)
-            feature = next(r for r in report['rows'] if r['name'].startswith('features.'))
-            rows.append(dict(seed=seed, iters=iters, seconds=report['seconds'],
-                             feature_rel_l2=feature['rel_l2_after'],
-                             zero_shot_mIoU=test_miou(swapped_cfg, path,
-                                                      osp.join(root, f'test{iters}_{seed}'))))
-    return dict(commit=commit, spec=dict(label=spec['label'], pretrain_iters=spec[
-        'pretrain_iters']), teacher=start, seeds=args.seeds, rows=rows)
-
-
-def write_iterations(saved: dict, out: str) -> None:
-    teacher = saved['teacher']['teacher_mIoU']
-    summary = []
-    for iters in sorted({r['iters'] for r in saved['rows']}):
-        mine = [r for r in saved['rows'] if r['iters'] == iters]
-        miou = [r['zero_shot_mIoU'] for r in mine]
-        summary.append(dict(iters=iters, mean=mean(miou),
-                            std=stdev(miou) if len(miou) > 1 else 0.0,
-                            over_teacher=mean(miou) / teacher,
-                            feature_rel_l2=mean(r['feature_rel_l2'] for r in mine),
-                            seconds=mean(r['seconds'] for r in mine)))
-    saved['summary'] = summary
-    stem = osp.join(out, 'linearize_iterations')
-    write_json(stem + '.json', saved)
-    lines = ['# Attention transfer on the long-range ViT: zero-shot mIoU against iterations', '',
-             f"{saved['spec']['label']}; teacher trained {saved['spec']['pretrain_iters']} "
-             f"iterations with softmax, mIoU {teacher:.2f}; per seed ({len(saved['seeds'])}), "
-             'the swapped model after N transfer iterations (0: the plain swap), evaluated '
-             'without fine-tuning.', '']
-    lines += markdown_table(
-        ['transfer iterations', 'zero-shot mIoU', 'zero-shot / teacher', 'feature rel. L2',
-         'seconds'],
-        [[s['iters'], pm(s['mean'], s['std']), f"{100 * s['over_teacher']:.1f}%",
-          fmt(s['feature_rel_l2'], 3), fmt(s['seconds'])] for s in summary])
-    write_markdown(stem + '.md', lines)
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_report_only_argument(parser, 'linearize')
-    parser.add_argument('--choices', action='store_true',
-                        help='measure the design choices instead (linearize_choices.*)')
-    parser.add_argument('--iterations', action='store_true',
-                        help="the ViT's zero-shot mIoU against transfer iterations instead "
-                             '(linearize_iterations.*)')
+def study_arguments(parser: argparse.ArgumentParser, stem: str) -> argparse.Namespace:
+    """The options the three attention-transfer studies share (``--seeds``, the iterations of
+    each phase, the work and results folders, ``--report-only``), parsed; the iterations given
+    override every teacher's."""
+    add_report_only_argument(parser, stem)
     parser.add_argument('--teachers', nargs='+', choices=list(TEACHERS), default=list(TEACHERS))
     parser.add_argument('--seeds', nargs='+', type=int, default=[0, 1, 2])
     parser.add_argument('--pretrain-iters', type=int, help='override every teacher\'s')
@@ -439,31 +282,23 @@ def main() -> None:
     parser.add_argument('--finetune-iters', type=int)
     parser.add_argument('--work-dir', default=osp.join(REPO, 'work_dirs', 'linearize'),
                         help='runs and checkpoints (kept: a rerun of a study starts over)')
-    parser.add_argument('--out', default=RESULTS)
+    parser.add_argument('--out', default=STUDY_RESULTS)
     args = parser.parse_args()
     for key in ('pretrain_iters', 'transfer_iters', 'finetune_iters'):
         if getattr(args, key) is not None:
             for spec in TEACHERS.values():
                 spec[key] = getattr(args, key)
+    return args
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    args = study_arguments(parser, 'linearize')
     if args.report_only:
-        if args.iterations:
-            write_iterations(read_json(osp.join(args.out, 'linearize_iterations.json')), args.out)
-        elif args.choices:
-            write_choices(read_json(osp.join(args.out, 'linearize_choices.json')), args.out)
-        else:
-            write_outputs(read_json(osp.join(args.out, 'linearize.json')), args.out)
+        write_outputs(read_json(osp.join(args.out, 'linearize.json')), args.out)
         return
     os.makedirs(args.work_dir, exist_ok=True)
-    if args.iterations:
-        os.makedirs(args.out, exist_ok=True)
-        write_iterations(iterations(args, osp.join(args.work_dir, 'iterations')), args.out)
-        print(open(osp.join(args.out, 'linearize_iterations.md')).read())
-        return
-    if args.choices:
-        os.makedirs(args.out, exist_ok=True)
-        write_choices(choices(args, osp.join(args.work_dir, 'choices')), args.out)
-        print(open(osp.join(args.out, 'linearize_choices.md')).read())
-        return
     from tqdm import tqdm
     saved = dict(commit=code_version(), teachers={}, seeds=args.seeds)
     started = time.perf_counter()

@@ -13,14 +13,14 @@ first seed's model of every variant then goes through the attention analysis
 ||q||) per layer, NaLa's exponent saturation, and how much of an object's attention row lands on
 the exemplar (nala_mm.datasets.longrange.exemplar_mass), for objects that match it and objects
 that do not. Before the runs, the control model's receptive field
-(nala_mm.analysis.receptive_field) is checked to fall short of the exemplar.
+(benchmarks.lib.receptive_field) is checked to fall short of the exemplar.
 
-Results: benchmarks/results/longrange.{json,md,png} (every run in the JSON).
+Results: benchmarks/results/studies/longrange.{json,md,png} (every run in the JSON).
 
-    python benchmarks/longrange.py                           # 9 variants x 3 seeds (make longrange)
-    python benchmarks/longrange.py --variants softmax identity --seeds 0 1   # calibration
-    python benchmarks/longrange.py --mixer "dict(type='MyMixer', k=2)" --out /tmp/mine
-    python benchmarks/longrange.py --report-only             # table and plot from the JSON
+    python -m benchmarks.studies.longrange           # 9 variants x 3 seeds (make longrange)
+    python -m benchmarks.studies.longrange --variants softmax identity --seeds 0 1   # calibration
+    python -m benchmarks.studies.longrange --mixer "dict(type='MyMixer', k=2)" --out /tmp/mine
+    python -m benchmarks.studies.longrange --report-only             # table and plot from the JSON
 """
 import argparse
 import ast
@@ -32,12 +32,11 @@ import time
 from statistics import mean, stdev
 from typing import Dict, List, Optional, Tuple
 
-from presets import PRESETS, MixerPreset
-
 from nala_mm.analysis.measure import add_case_argument, print_case_result, run_case
 
-from paths import REPO, RESULTS
-from report import (
+from ..lib.paths import REPO, STUDY_RESULTS
+from ..lib.presets import PRESETS, MixerPreset
+from ..lib.report import (
     add_report_only_argument,
     markdown_table,
     pm,
@@ -49,7 +48,7 @@ from report import (
     write_json,
     write_markdown,
 )
-from runs import mixer_sweep_config, train_config
+from ..lib.runs import mixer_sweep_config, train_config
 
 CONFIG_PATH = osp.join(REPO, 'configs', 'longrange', 'ade20k_longrange_segformer.py')
 CONTROL, REFERENCE = 'identity', 'softmax'
@@ -161,10 +160,11 @@ def stats_case(config: str, checkpoint: str, image: str, seed: int) -> dict:
 def control_reach() -> int:
     """How far (Chebyshev, px) the input pixels that can change a pixel's logits lie from it in
     the long-range config's control model, randomly initialised
-    (:func:`~nala_mm.analysis.receptive_field.conv_reach`)."""
-    from nala_mm.analysis.receptive_field import conv_reach
+    (:func:`~benchmarks.lib.receptive_field.conv_reach`)."""
     from nala_mm.config_loading import build_model_from_config
     from nala_mm.datasets.longrange import DEFAULT_SIZE
+
+    from ..lib.receptive_field import conv_reach
     model, _ = build_model_from_config(
         CONFIG_PATH, {'model.backbone.mixers': [dict(PRESETS[CONTROL].mixer)] * 4})
     model.init_weights()
@@ -174,9 +174,9 @@ def control_reach() -> int:
 def attention_stats(variant: str, config: str, checkpoint: str, image: str,
                     seed: int) -> dict:
     """:func:`stats_case` in a fresh process (a trained model per variant, none kept here)."""
-    result = run_case(osp.abspath(__file__), dict(config=config, checkpoint=checkpoint,
-                                                  image=image, seed=seed),
-                      env=dict(PYTHONWARNINGS='ignore'))
+    result = run_case(__spec__.name, dict(config=config, checkpoint=checkpoint, image=image,
+                                          seed=seed),
+                      env=dict(PYTHONWARNINGS='ignore', PYTHONPATH=REPO))
     return dict(variant=variant, error=result['error']) if 'error' in result else \
         dict(result, variant=variant)
 
@@ -375,11 +375,11 @@ def main() -> None:
                         "'LinearAttention', feature_map='elu')\"; repeatable; runs as "
                         "'custom-<i>' beside --variants")
     parser.add_argument('--seeds', nargs='+', type=int, default=[0, 1, 2])
-    # the schedule of the committed results (benchmarks/results/longrange.json)
+    # the schedule of the committed results (benchmarks/results/studies/longrange.json)
     parser.add_argument('--iters', type=int, default=1500)
     parser.add_argument('--no-stats', action='store_true',
                         help='skip the attention analysis of the first seed')
-    parser.add_argument('--out', default=RESULTS)
+    parser.add_argument('--out', default=STUDY_RESULTS)
     add_report_only_argument(parser, 'longrange')
     parser.add_argument('--calibration', metavar='JSON',
                         help='with --report-only: store this calibration record (the designs '

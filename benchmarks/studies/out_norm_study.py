@@ -11,21 +11,27 @@ The detection demo's config (configs/demo/coco_demo_nala_mask-rcnn.py), shortene
 
 Each variant trains in its own process through tools/train.py and is evaluated once at the end
 (bbox and segm mAP on the 30 validation images). Results:
-benchmarks/results/out_norm_study.{json,md} (``make out-norm-study``).
+benchmarks/results/studies/out_norm_study.{json,md} (``make out-norm-study``).
 
-    python benchmarks/out_norm_study.py
-    python benchmarks/out_norm_study.py --epochs 4 --variants nala nala-out-norm
+    python -m benchmarks.studies.out_norm_study
+    python -m benchmarks.studies.out_norm_study --epochs 4 --variants nala nala-out-norm
 """
 import argparse
 import json
 import os
 import os.path as osp
 import tempfile
-from typing import Dict, List
+from typing import Dict
 
-from paths import REPO, RESULTS
-from report import markdown_table, write_json, write_markdown
-from runs import train_config
+from ..lib.paths import REPO, STUDY_RESULTS
+from ..lib.report import (
+    add_report_only_argument,
+    markdown_table,
+    read_json,
+    write_json,
+    write_markdown,
+)
+from ..lib.runs import train_config
 
 DEMO = osp.join(REPO, 'configs', 'demo', 'coco_demo_nala_mask-rcnn.py')
 VARIANTS: Dict[str, dict] = {
@@ -66,13 +72,12 @@ def run_one(variant: str, epochs: int, seed: int, work_root: str) -> dict:
                 final_loss_mask=losses[-1]['loss_mask'], wall_seconds=run['wall_seconds'])
 
 
-def write_outputs(runs: List[dict], args, stem: str) -> None:
-    write_json(stem + '.json', dict(config=osp.relpath(DEMO, REPO), epochs=args.epochs,
-                                    seed=args.seed,
-                                    data='embedded synthetic COCO-format data (make demo-det)',
-                                    runs=runs))
+def write_outputs(saved: dict, stem: str) -> None:
+    """``stem.json`` (``saved``) and its page ``stem.md``."""
+    write_json(stem + '.json', saved)
+    runs = saved['runs']
     lines = ['# Mask R-CNN from scratch: per-output LayerNorm or not (embedded demo data)', '',
-             f'The detection demo config, {args.epochs} epochs, seed {args.seed}; only the '
+             f"The detection demo config, {saved['epochs']} epochs, seed {saved['seed']}; only the "
              f'backbone differs. mAP on the 30 validation images; the RoI classifier\'s last '
              f'logged loss and accuracy (a stall sits at the class prior: accuracy = background '
              f'share).', '']
@@ -92,8 +97,13 @@ def main() -> None:
     parser.add_argument('--variants', nargs='+', choices=list(VARIANTS), default=list(VARIANTS))
     parser.add_argument('--epochs', type=int, default=10)
     parser.add_argument('--seed', type=int, default=0)
-    parser.add_argument('--out', default=RESULTS)
+    parser.add_argument('--out', default=STUDY_RESULTS)
+    add_report_only_argument(parser, 'out_norm_study')
     args = parser.parse_args()
+    stem = osp.join(args.out, 'out_norm_study')
+    if args.report_only:
+        write_outputs(read_json(stem + '.json'), stem)
+        return
     os.chdir(REPO)  # the demo config's data root is relative to the repository
     from mmengine.config import Config
 
@@ -101,14 +111,16 @@ def main() -> None:
     generate_coco_like(Config.fromfile(DEMO).train_dataloader.dataset.data_root)
     from tqdm import tqdm
     os.makedirs(args.out, exist_ok=True)
-    stem = osp.join(args.out, 'out_norm_study')
     runs = []
     with tempfile.TemporaryDirectory(prefix='nala_out_norm_') as work_root:
         for variant in (progress := tqdm(args.variants, desc='out_norm study')):
             progress.set_postfix_str(variant)
             runs.append(run_one(variant, args.epochs, args.seed, work_root))
             progress.write(json.dumps(runs[-1]))
-            write_outputs(runs, args, stem)  # an interrupted study keeps what it finished
+            # an interrupted study keeps what it finished
+            write_outputs(dict(config=osp.relpath(DEMO, REPO), epochs=args.epochs, seed=args.seed,
+                               data='embedded synthetic COCO-format data (make demo-det)',
+                               runs=runs), stem)
     print(open(stem + '.md').read())
 
 

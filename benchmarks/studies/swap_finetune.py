@@ -6,29 +6,27 @@ with softmax for the same iterations. Same seeds, data order and schedule in bot
 On the embedded demo data (make demo), where the ablation found the mixers do not separate, this
 measures how much of the trained model survives the swap and how fast it recovers, not a
 difference between the mixers. Every run trains in its own process through tools/train.py; the
-swapped model right after the swap (no fine-tuning) is evaluated through tools/test.py.
-Results: benchmarks/results/swap_finetune.{json,md,png}; discussed in docs/swap.md.
+swap is tools/linearize.py with ``--iters 0`` (the weights carried over, no transfer), and the
+swapped model right after it (no fine-tuning) is evaluated through tools/test.py.
+Results: benchmarks/results/studies/swap_finetune.{json,md,png}; discussed in docs/swap.md.
 
-    python benchmarks/swap_finetune.py                       # 3 seeds (make swap-study)
-    python benchmarks/swap_finetune.py --seeds 0 --pretrain-iters 40 --finetune-iters 20
-    python benchmarks/swap_finetune.py --report-only        # table and plot from the JSON
+    python -m benchmarks.studies.swap_finetune                  # 3 seeds (make swap-study)
+    python -m benchmarks.studies.swap_finetune --seeds 0 --pretrain-iters 40 --finetune-iters 20
+    python -m benchmarks.studies.swap_finetune --report-only    # table and plot from the JSON
 """
 import argparse
 import json
 import os
 import os.path as osp
-import re
-import subprocess
-import sys
 import tempfile
 from statistics import mean, stdev
 from typing import Dict, List
 
-from nala_mm.analysis.measure import error_of
 from nala_mm.models import DEFAULT_HYBRID
 
-from paths import REPO, RESULTS
-from report import (
+from ..lib.evaluation import final_miou, linearize, test_miou
+from ..lib.paths import REPO, STUDY_RESULTS
+from ..lib.report import (
     add_report_only_argument,
     markdown_table,
     pm,
@@ -39,7 +37,7 @@ from report import (
     write_json,
     write_markdown,
 )
-from runs import DEMO, SMALL_SWIN, small_swin_config, tool_env, train_config
+from ..lib.runs import DEMO, SMALL_SWIN, small_swin_config, train_config
 
 ARMS = {
     'softmax': dict(label='Swin, softmax continued', mixers=('softmax',) * 4),
@@ -52,44 +50,6 @@ def config_text(arm: str, seed: int, iters: int, load_from) -> str:
     return small_swin_config(ARMS[arm]['mixers'], seed, iters, load_from)
 
 
-def final_miou(run: dict) -> float:
-    if 'error' in run:
-        raise RuntimeError(run['error'])
-    return [r for r in run['records'] if 'mIoU' in r][-1]['mIoU']
-
-
-def swapped_checkpoint(config: str, softmax_checkpoint: str, out: str) -> str:
-    """The softmax model's checkpoint as the swapped model's: the backbone built with the
-    checkpoint as its ``Pretrained`` init (the carry-over), the heads loaded as they are."""
-    import torch
-    from mmengine.config import Config
-
-    from nala_mm import compat
-    from nala_mm.config_loading import build_model
-    compat.install()  # a Runner checkpoint loads weights-only (nala_mm.compat)
-    cfg = Config.fromfile(config)
-    cfg.model.backbone.init_cfg = dict(type='Pretrained', checkpoint=softmax_checkpoint)
-    model = build_model(cfg)
-    model.backbone.init_weights()
-    state = torch.load(softmax_checkpoint, map_location='cpu')['state_dict']
-    heads = {k: v for k, v in state.items() if not k.startswith('backbone.')}
-    missing, unexpected = model.load_state_dict(heads, strict=False)
-    if unexpected or [k for k in missing if not k.startswith('backbone.')]:
-        raise RuntimeError(f'heads did not load: missing {missing}, unexpected {unexpected}')
-    torch.save(dict(state_dict=model.state_dict(), meta=dict(converted_from=softmax_checkpoint)),
-               out)
-    return out
-
-
-def test_miou(config: str, checkpoint: str, work_dir: str) -> float:
-    proc = subprocess.run([sys.executable, osp.join(REPO, 'tools', 'test.py'), config, checkpoint,
-                           '--work-dir', work_dir], cwd=REPO, capture_output=True, text=True,
-                          env=tool_env())
-    if proc.returncode != 0:
-        raise RuntimeError(error_of(proc))
-    return float(re.findall(r'mIoU: ([\d.]+)', proc.stdout + proc.stderr)[-1])
-
-
 def one_seed(seed: int, pretrain_iters: int, finetune_iters: int, root: str) -> dict:
     pretrain = train_config(config_text('softmax', seed, pretrain_iters, None),
                             f'pretrain_seed{seed}', root)
@@ -99,8 +59,8 @@ def one_seed(seed: int, pretrain_iters: int, finetune_iters: int, root: str) -> 
     nala_config = osp.join(root, f'swapped_seed{seed}.py')
     with open(nala_config, 'w') as f:
         f.write(config_text('nala', seed, finetune_iters, None))
-    converted = swapped_checkpoint(nala_config, softmax_ckpt,
-                                   osp.join(root, f'swapped_seed{seed}.pth'))
+    converted = osp.join(root, f'swapped_seed{seed}.pth')
+    linearize(nala_config, softmax_ckpt, converted, iters=0, seed=seed)  # the plain swap
     result['swapped_before_finetune_mIoU'] = test_miou(nala_config, converted,
                                                        osp.join(root, f'test_seed{seed}'))
     for arm, start in (('softmax', softmax_ckpt), ('nala', converted)):
@@ -114,7 +74,7 @@ def one_seed(seed: int, pretrain_iters: int, finetune_iters: int, root: str) -> 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('--out', default=RESULTS)
+    parser.add_argument('--out', default=STUDY_RESULTS)
     add_report_only_argument(parser, 'swap_finetune')
     parser.add_argument('--seeds', type=int, nargs='+', default=[0, 1, 2])
     parser.add_argument('--pretrain-iters', type=int, default=1000)

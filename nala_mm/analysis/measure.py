@@ -3,9 +3,9 @@ timed in turns, and the one protocol by which a measurement runs in a fresh proc
 
 A peak memory needs a process of its own (a high-water mark only rises), and a process that
 measured one model must not hand its allocator's state to the next. :func:`run_case` starts
-``python SCRIPT --case '<JSON object>'``; the script adds the argument with
-:func:`add_case_argument`, measures, and ends with :func:`print_case_result` (one JSON line, the
-last of its stdout).
+``python SCRIPT --case '<JSON object>'`` (``python -m MODULE ...`` for a module); the script adds
+the argument with :func:`add_case_argument`, measures, and ends with :func:`print_case_result`
+(one JSON line, the last of its stdout).
 """
 import argparse
 import json
@@ -150,8 +150,9 @@ def error_of(proc: subprocess.CompletedProcess) -> str:
 
 def run_case(script: str, case: dict, memory: bool = False, timeout: int = 3600,
              env: Optional[Dict[str, str]] = None) -> dict:
-    """Run ``python script --case '<case as JSON>'`` in a fresh process and return the JSON
-    object it printed last, or ``dict(error=...)``: the last line of its stderr, or the timeout.
+    """Run ``python script --case '<case as JSON>'`` in a fresh process (``python -m script``
+    when ``script`` names a module rather than a ``.py`` file) and return the JSON object it
+    printed last, or ``dict(error=...)``: the last line of its stderr, or the timeout.
 
     ``memory``: the process measures peak memory (see :data:`MALLOC_MMAP_THRESHOLD`); ``env``:
     variables added to this process's environment.
@@ -160,7 +161,8 @@ def run_case(script: str, case: dict, memory: bool = False, timeout: int = 3600,
     if memory:
         child_env['MALLOC_MMAP_THRESHOLD_'] = MALLOC_MMAP_THRESHOLD
     try:
-        proc = subprocess.run([sys.executable, script, '--case', json.dumps(case)],
+        command = [sys.executable] + ([script] if script.endswith('.py') else ['-m', script])
+        proc = subprocess.run(command + ['--case', json.dumps(case)],
                               capture_output=True, text=True, env=child_env, timeout=timeout)
     except subprocess.TimeoutExpired:
         return dict(error=f'timeout after {timeout} s')

@@ -61,7 +61,7 @@ FRAME_GREY = 245.0
 EDGE_MARGIN_PX = (2, 8)  # exemplar distance from the image edges, drawn uniformly
 # In the long-range config the convolutions on every path to a pixel's logits (the stem, the
 # stage-1 block, the decoder's upsampling) reach 32 px, measured by gradients
-# (nala_mm.analysis.receptive_field; benchmarks/longrange.py records it): an object this far
+# (benchmarks/lib/receptive_field.py; the long-range study records it): an object this far
 # from the exemplar is out of their sight.
 FAR_PX = 36
 OBJECT_RADIUS_PX = (6, 11)

@@ -1,5 +1,6 @@
-"""Synthetic street scenes in the exact Cityscapes layout and label convention, for the tests and
-the ViT configs' checks (the real data cannot be downloaded here).
+"""Synthetic street scenes in the exact Cityscapes layout and label convention, for trying the
+Cityscapes configs without the real data (``python -m nala_mm.datasets.synthetic_cityscapes``)
+and for the tests.
 
 Layout (what mmseg's ``CityscapesDataset`` reads, with the train-ID label maps that
 ``tools/dataset_converters/cityscapes.py`` writes)::
@@ -14,8 +15,9 @@ road with a sidewalk band, and cars, people and poles on top; every colour is dr
 """
 from __future__ import annotations
 
+import argparse
 import os
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 from mmseg.datasets import CityscapesDataset
@@ -172,3 +174,29 @@ def generate_cityscapes_like(root: str, num_train: int = 8, num_val: int = 4,
     fractions = {name: float(val_pixels[TRAIN_ID[name]]) / total for name in DRAWN_CLASSES}
     common.write_stamp(stamp_path, {'params': params, 'class_pixel_fraction': fractions})
     return summary(fractions)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog='python -m nala_mm.datasets.synthetic_cityscapes',
+        description="Generate synthetic street scenes in Cityscapes' layout (train-ID labels) "
+                    "where mmseg's Cityscapes configs read them, to try a Cityscapes config "
+                    '(configs/swap/cityscapes_*) without the real data')
+    parser.add_argument('--root', default='data/cityscapes', help='dataset root')
+    parser.add_argument('--num-train', type=int, default=8, help='training images')
+    parser.add_argument('--num-val', type=int, default=4, help='validation images')
+    parser.add_argument('--size', type=int, nargs=2, default=(128, 256), metavar=('H', 'W'),
+                        help='image size (Cityscapes is 1024 x 2048)')
+    parser.add_argument('--seed', type=int, default=0)
+    args = parser.parse_args(argv)
+    try:
+        result = generate_cityscapes_like(args.root, args.num_train, args.num_val,
+                                          tuple(args.size), args.seed)
+    except ValueError as error:  # the generator names the bad value
+        parser.error(str(error))
+    print(f"{result['num_train']} training and {result['num_val']} validation images in "
+          f"{result['root']}")
+
+
+if __name__ == '__main__':
+    main()

@@ -15,10 +15,10 @@ from nala_mm.ops import (
     rope_phasor,
     rope_table,
 )
-from nala_mm.released_op import nala_attention_released
-from tests.helpers import rel_err
+from tests.helpers import DEVICES, rel_err
 from tests.reference import formulas
 from tests.reference.released_nalaformer import RoPE, released_nala, rotate
+from tests.reference.released_op import nala_attention_released
 
 
 def attention_matrix(q, k, cfg, rope=None):
@@ -26,21 +26,26 @@ def attention_matrix(q, k, cfg, rope=None):
     return kernelized_attention_weights(q, k, *cfg.feature_maps(), cfg.eps, rope, rope)
 
 
-def qkv(shape, seed=0, dtype=torch.float32, scale=1.0):
+def qkv(shape, seed=0, dtype=torch.float32, scale=1.0, device='cpu'):
     gen = torch.Generator().manual_seed(seed)
-    return [(torch.randn(shape, generator=gen, dtype=dtype) * scale).requires_grad_()
+    return [(torch.randn(shape, generator=gen, dtype=dtype) * scale).to(device).requires_grad_()
             for _ in range(3)]
 
 
+def on(device, table):
+    return None if table is None else tuple(t.to(device) for t in table)
+
+
+@pytest.mark.parametrize('device', DEVICES)
 @pytest.mark.parametrize('kernel', ['cosine', 'relu'])
 @pytest.mark.parametrize('use_rope', [False, True])
-def test_fast_matches_reference_forward_and_gradients(kernel, use_rope):
+def test_fast_matches_reference_forward_and_gradients(kernel, use_rope, device):
     height, width, head_dim = 5, 7, 8  # N = 35: odd
-    q, k, v = qkv((2, 3, height * width, head_dim))
+    q, k, v = qkv((2, 3, height * width, head_dim), device=device)
     with torch.no_grad():
         q[0, 1, 4].zero_()  # a zero query exercises the 0/0 guard in both paths
     cfg = NaLaConfig(kernel=kernel)
-    rope = rope_table(height, width, head_dim) if use_rope else None
+    rope = on(device, rope_table(height, width, head_dim) if use_rope else None)
     expected = nala_attention(q, k, v, cfg, rope, mode='reference')
     actual = nala_attention(q, k, v, cfg, rope)
     assert rel_err(actual, expected) <= 1e-5
@@ -51,12 +56,13 @@ def test_fast_matches_reference_forward_and_gradients(kernel, use_rope):
         assert rel_err(a, e) <= 1e-5, name
 
 
+@pytest.mark.parametrize('device', DEVICES)
 @pytest.mark.parametrize('kernel', ['cosine', 'relu'])
 @pytest.mark.parametrize('chunk', [1, 7, 50])
-def test_token_chunking_does_not_change_results(kernel, chunk):
+def test_token_chunking_does_not_change_results(kernel, chunk, device):
     height, width, head_dim = 9, 13, 8  # N = 117: chunks of 7 and 50 leave ragged tails
-    q, k, v = qkv((2, 2, height * width, head_dim), seed=5)
-    cfg, rope = NaLaConfig(kernel=kernel), rope_table(height, width, head_dim)
+    q, k, v = qkv((2, 2, height * width, head_dim), seed=5, device=device)
+    cfg, rope = NaLaConfig(kernel=kernel), on(device, rope_table(height, width, head_dim))
     expected = nala_attention(q, k, v, cfg, rope, mode='reference')
     actual = nala_attention(q, k, v, cfg, rope, chunk=chunk)
     assert rel_err(actual, expected) <= 1e-5
@@ -68,13 +74,14 @@ def test_token_chunking_does_not_change_results(kernel, chunk):
         nala_attention(q, k, v, cfg, rope, chunk=0)
 
 
+@pytest.mark.parametrize('device', DEVICES)
 @pytest.mark.parametrize('kernel', ['cosine', 'relu'])
-def test_layer_fast_matches_reference_including_parameter_gradients(kernel):
+def test_layer_fast_matches_reference_including_parameter_gradients(kernel, device):
     torch.manual_seed(0)
-    fast = NormAwareLinearAttention(16, 2, kernel=kernel)
-    ref = NormAwareLinearAttention(16, 2, kernel=kernel, mode='reference')
+    fast = NormAwareLinearAttention(16, 2, kernel=kernel).to(device)
+    ref = NormAwareLinearAttention(16, 2, kernel=kernel, mode='reference').to(device)
     ref.load_state_dict(fast.state_dict())
-    x = torch.randn(2, 5, 9, 16)  # channels-last tokens
+    x = torch.randn(2, 5, 9, 16).to(device)  # channels-last tokens
     out_fast, out_ref = fast(x), ref(x)
     assert out_fast.shape == x.shape
     assert rel_err(out_fast, out_ref) <= 1e-5
@@ -100,18 +107,19 @@ def released_tables(height: int, width: int, head_dim: int):
     return RoPE(head_dim)(height, width)
 
 
+@pytest.mark.parametrize('device', DEVICES)
 @pytest.mark.parametrize('use_rope', [True, False])
-def test_fast_relu_kernel_matches_the_released_transcription(use_rope):
+def test_fast_relu_kernel_matches_the_released_transcription(use_rope, device):
     """The package's fast op with its own RoPE table against the released op sequence
-    (nala_mm/released_op.py, through tests/reference's released_nala) with the transcription's
-    tables, or zero angles against no RoPE: outputs and gradients."""
+    (tests/reference/released_op.py, through released_nala) with the transcription's tables, or
+    zero angles against no RoPE: outputs and gradients."""
     height, width, head_dim = 4, 6, 8
-    q, k, v = qkv((1, 2, height * width, head_dim), seed=3)
-    sin, cos = released_tables(height, width, head_dim)
+    q, k, v = qkv((1, 2, height * width, head_dim), seed=3, device=device)
+    sin, cos = on(device, released_tables(height, width, head_dim))
     if not use_rope:
         sin, cos = torch.zeros_like(sin), torch.ones_like(cos)
     expected = released_nala(q, k, v, sin, cos)
-    rope = rope_table(height, width, head_dim) if use_rope else None
+    rope = on(device, rope_table(height, width, head_dim) if use_rope else None)
     actual = nala_attention(q, k, v, NaLaConfig(kernel='relu'), rope)
     assert rel_err(actual, expected) <= 1e-5
     grad_out = torch.randn_like(expected)

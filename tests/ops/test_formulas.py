@@ -13,7 +13,7 @@ from nala_mm.ops import (
     nala_attention,
     rope_table,
 )
-from tests.helpers import value_and_grads
+from tests.helpers import DEVICES, value_and_grads
 from tests.reference import formulas
 
 TOL = 1e-6
@@ -35,35 +35,44 @@ def _inputs(query_norm: float, seed: int, heads: int = 2, dims: int = 8):
 
 
 
+def on(device, *tensors):
+    return tuple(t.to(device) for t in tensors)
+
+
 def _assert_close(got, want):
+    got = got.cpu()
     scale = want.abs().max().clamp_min(1e-12)
     assert (got - want).abs().max() / scale < TOL, float((got - want).abs().max() / scale)
 
 
+@pytest.mark.parametrize('device', DEVICES)
 @pytest.mark.parametrize('mode', ['fast', 'reference'])
 @pytest.mark.parametrize('use_rope', [False, True], ids=['no-rope', 'rope'])
 @pytest.mark.parametrize('query_norm', [0.3, 3.0])
 @pytest.mark.parametrize('kernel, alpha', [('cosine', 1.0), ('cosine', 5.0), ('cosine', 20.0),
                                            ('relu', 20.0), ('positive', 20.0)])
-def test_nala_meets_its_formula(mode, use_rope, query_norm, kernel, alpha):
+def test_nala_meets_its_formula(mode, use_rope, query_norm, kernel, alpha, device):
     q, k, v, weights = _inputs(query_norm, seed=int(alpha) + len(kernel))
     rope = formulas.rope_tables(HEIGHT, WIDTH, q.shape[-1]) if use_rope else None
     cfg = NaLaConfig(kernel=kernel, alpha=alpha)
-    got = value_and_grads(lambda a, b, c: nala_attention(a, b, c, cfg, rope, mode, chunk=CHUNK),
-                          q, k, v, weights)
+    table = on(device, *rope) if use_rope else None
+    got = value_and_grads(lambda a, b, c: nala_attention(a, b, c, cfg, table, mode, chunk=CHUNK),
+                          *on(device, q, k, v, weights))
     want = value_and_grads(lambda a, b, c: formulas.nala(a, b, c, kernel, alpha, rope=rope),
                            q, k, v, weights)
     for g, w in zip(got, want):
         _assert_close(g, w)
 
 
+@pytest.mark.parametrize('device', DEVICES)
 @pytest.mark.parametrize('mode', ['fast', 'reference'])
-def test_nala_without_norm_awareness_meets_its_formula(mode):
+def test_nala_without_norm_awareness_meets_its_formula(mode, device):
     q, k, v, weights = _inputs(1.0, seed=3)
     rope = formulas.rope_tables(HEIGHT, WIDTH, q.shape[-1])
     cfg = NaLaConfig(kernel='cosine', norm_aware=False, fixed_power=2.5)
-    got = value_and_grads(lambda a, b, c: nala_attention(a, b, c, cfg, rope, mode, chunk=CHUNK),
-                          q, k, v, weights)
+    table = on(device, *rope)
+    got = value_and_grads(lambda a, b, c: nala_attention(a, b, c, cfg, table, mode, chunk=CHUNK),
+                          *on(device, q, k, v, weights))
     want = value_and_grads(
         lambda a, b, c: formulas.nala(a, b, c, 'cosine', rope=rope, fixed_power=2.5),
         q, k, v, weights)
@@ -71,16 +80,18 @@ def test_nala_without_norm_awareness_meets_its_formula(mode):
         _assert_close(g, w)
 
 
+@pytest.mark.parametrize('device', DEVICES)
 @pytest.mark.parametrize('mode', ['fast', 'reference'])
 @pytest.mark.parametrize('use_rope', [False, True], ids=['no-rope', 'rope'])
 @pytest.mark.parametrize('feature_map', ['relu', 'elu'])
-def test_linear_attention_meets_its_formula(mode, use_rope, feature_map):
+def test_linear_attention_meets_its_formula(mode, use_rope, feature_map, device):
     q, k, v, weights = _inputs(1.5, seed=7)
     rope = formulas.rope_tables(HEIGHT, WIDTH, q.shape[-1]) if use_rope else None
     phi = build_plain_feature_map(feature_map)
+    table = on(device, *rope) if use_rope else None
     got = value_and_grads(
-        lambda a, b, c: kernelized_attention(a, b, c, phi, phi, 1e-6, rope, mode, CHUNK),
-        q, k, v, weights)
+        lambda a, b, c: kernelized_attention(a, b, c, phi, phi, 1e-6, table, mode, CHUNK),
+        *on(device, q, k, v, weights))
     want = value_and_grads(lambda a, b, c: formulas.linear(a, b, c, feature_map, rope=rope),
                            q, k, v, weights)
     for g, w in zip(got, want):
@@ -97,8 +108,8 @@ def test_rope_table_meets_the_released_frequencies(head_dim):
 
 
 def test_the_references_import_nothing_from_the_package():
-    """Nothing but the released op sequence, nala_mm/released_op.py, which imports only torch
-    (tests/test_layout.py)."""
+    """The references import each other and torch, nothing of the package (the released op
+    sequence imports only torch: tests/test_layout.py)."""
     reference = pathlib.Path(__file__).resolve().parents[1] / 'reference'
     imported = {}
     for path in reference.glob('*.py'):
@@ -109,6 +120,7 @@ def test_the_references_import_nothing_from_the_package():
                 imported[path.name] = imported.get(path.name, []) + [node.module or '.']
     assert 'formulas.py' in imported
     offenders = {name: mods for name, mods in imported.items()
-                 if any(m.split('.')[0] in ('nala_mm', 'tests', '.') and m != 'nala_mm.released_op'
+                 if any(m.split('.')[0] in ('nala_mm', '.') or
+                        m.startswith('tests') and m != 'tests.reference.released_op'
                         for m in mods)}
     assert offenders == {}

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from nala_mm.ops import gated_norm, gelu_conv
+from tests.helpers import DEVICES
 
 
 def plain_gelu_conv(a, weight, bias, padding, groups):
@@ -45,16 +46,19 @@ def assert_same_gradients(actual, expected, inputs, tol):
         torch.testing.assert_close(got, want, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize('device', DEVICES)
 @pytest.mark.parametrize('channels_last', [False, True])
 @pytest.mark.parametrize('kernel, groups', [(3, 12), (5, 12), (3, 1)])
-def test_gelu_conv_matches_plain_composition(kernel, groups, channels_last):
+def test_gelu_conv_matches_plain_composition(kernel, groups, channels_last, device):
     torch.manual_seed(0)
-    a = torch.randn(2, 12, 7, 9, dtype=torch.float64)
+    a = torch.randn(2, 12, 7, 9, dtype=torch.float64).to(device)
     if channels_last:
         a = a.contiguous(memory_format=torch.channels_last)
     a.requires_grad_()
-    weight = torch.randn(12, 12 // groups, kernel, kernel, dtype=torch.float64, requires_grad=True)
-    bias = torch.randn(12, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(12, 12 // groups, kernel, kernel, dtype=torch.float64).to(device)
+    bias = torch.randn(12, dtype=torch.float64).to(device)
+    weight.requires_grad_()
+    bias.requires_grad_()
     padding = (kernel // 2, kernel // 2)
     assert_same_gradients(gelu_conv(a, weight, bias, padding, groups),
                           plain_gelu_conv(a, weight, bias, padding, groups), (a, weight, bias),
@@ -71,12 +75,14 @@ def test_gelu_conv_saves_one_hidden_tensor_fewer():
     assert fast == hidden_bytes + weight.numel() * 4  # a and the weight only
 
 
+@pytest.mark.parametrize('device', DEVICES)
 @pytest.mark.parametrize('shape', [(2, 5, 7, 16), (3, 33)])
-def test_gated_norm_matches_plain_composition(shape):
+def test_gated_norm_matches_plain_composition(shape, device):
     torch.manual_seed(0)
-    s, gate = (torch.randn(shape, dtype=torch.float64, requires_grad=True) for _ in range(2))
-    weight = torch.randn(shape[-1], dtype=torch.float64, requires_grad=True)
-    bias = torch.randn(shape[-1], dtype=torch.float64, requires_grad=True)
+    s, gate = (torch.randn(shape, dtype=torch.float64).to(device).requires_grad_()
+               for _ in range(2))
+    weight = torch.randn(shape[-1], dtype=torch.float64).to(device).requires_grad_()
+    bias = torch.randn(shape[-1], dtype=torch.float64).to(device).requires_grad_()
     assert_same_gradients(gated_norm(s, gate, (shape[-1],), weight, bias, 1e-5),
                           plain_gated_norm(s, gate, weight, bias, 1e-5), (s, gate, weight, bias),
                           1e-9)

@@ -3,7 +3,7 @@
 Its own 2D RoPE (the released frequencies ``1 / 10000 ** linspace(0, 1, d/4)``, stored per pair
 as ``RoPE.angle``, sin/cos tables d wide with each angle repeated for its pair), its own softmax
 attention, the authors' module names and the classification tail; its NaLa is the released op
-sequence of :mod:`nala_mm.released_op` (k cubed, ReLU split, the query direction raised to
+sequence of :mod:`tests.reference.released_op` (k cubed, ReLU split, the query direction raised to
 ``3 (0.5 + tanh ||q||)``, the two feature halves rotated separately, k and v scaled by
 ``N^-1/2``), which imports nothing from the rest of ``nala_mm``. A checkpoint written from this
 model has exactly the released layout, ``RoPE.angle`` buffers included.
@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from nala_mm.released_op import nala_attention_released
+from tests.reference.released_op import nala_attention_released
 
 
 def released_frequencies(head_dim: int) -> Tensor:

@@ -23,7 +23,7 @@ from .rope import Rope, apply_rope, rope_phasor
 
 # Tokens per chunk: large enough that per-chunk overhead vanishes, small enough that the
 # element-wise temporaries of a chunk stay in cache-sized blocks (2048 x 128 floats = 1 MiB) and
-# add little to the backward's peak memory (benchmarks/attention.py).
+# add little to the backward's peak memory (benchmarks/speed/attention.py).
 DEFAULT_CHUNK = 2048
 
 

@@ -3,7 +3,7 @@
 oneDNN (PyTorch's CPU convolutions) computes the forward and the input gradient of the block's
 convolutions quickly in ``channels_last`` memory, but two weight gradients slowly (its generic
 ``backward_weights`` kernel, visible with ``ONEDNN_VERBOSE=1``). This module takes other routes
-for those two (timings: ``benchmarks/conv_weight_grad.py``, docs/speed.md):
+for those two (timings: ``benchmarks/speed/conv_weight_grad.py``, docs/speed.md):
 
 * dense convs (the 3x3/s2 downsamples): the weight gradient is computed on channels-first
   copies of the input and the output gradient;
@@ -26,7 +26,7 @@ from torch.autograd.function import once_differentiable
 from ..mode import resolve_mode
 
 # Below this many pixels per map oneDNN's own depthwise 5x5 weight gradient is as fast as four
-# 3x3 ones (benchmarks/conv_weight_grad.py).
+# 3x3 ones (benchmarks/speed/conv_weight_grad.py).
 SPLIT_MIN_PIXELS = 96 * 96
 _convolution_backward = torch.ops.aten.convolution_backward
 

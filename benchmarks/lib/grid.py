@@ -1,0 +1,130 @@
+"""The harness every speed benchmark runs on: a grid of cases, each measured in fresh processes.
+
+A *case* is a dict of settings (a mode, a size, ...) and the models compared in it. For each
+case :func:`run_grid` takes every model's peak memory in a process of its own (a high-water
+mark only rises, and one model's allocator state must not reach the next), then times the
+models that ran in turns in one more process, so that their time ratios compare calls made
+under the same load (:func:`nala_mm.analysis.measure.in_turns`). An optional predictor looks at
+the rows measured so far and may skip a model (its reason is recorded in the row) or ask for a
+single timed call where rounds would take too long: then every model of the case is timed in
+one round, and a case of one model is timed by the call its memory process makes.
+
+The benchmark's own module is the child: started as ``python -m MODULE --case JSON``, it answers
+with :func:`grid_case` and a ``make_step(model, case)`` that returns one call to measure.
+
+    rows = run_grid(__spec__.name, cases, repeats=3, warmup=1, device='cpu')
+"""
+import os
+import resource
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from nala_mm.analysis.measure import Step, in_turns, median_ms, peak_memory_mib, run_case
+
+from .paths import REPO
+
+Case = Tuple[Dict[str, Any], Sequence[str]]  # (settings shared by the models, the models)
+MakeStep = Callable[[str, dict], Step]
+# (rows measured so far, model, settings) -> fields for the row: 'skipped' (a reason) skips the
+# model, 'calls': 1 times one call instead of rounds; anything else (predictions) is recorded
+Predict = Callable[[List[dict], str, Dict[str, Any]], dict]
+
+
+def run_grid(module: str, cases: Sequence[Case], *, repeats: int, warmup: int, device: str,
+             reference: Optional[str] = None, predict: Optional[Predict] = None,
+             memory: bool = True, timeout: int = 3600, limit_mib: Optional[float] = None,
+             describe: Optional[Callable[[str, dict], dict]] = None,
+             after_case: Optional[Callable[[List[dict]], None]] = None,
+             desc: str = 'cases') -> List[dict]:
+    """Measure every case; one row per (case, model): ``model``, the case's settings,
+    ``describe(model, settings)``'s fields, the prediction's, then ``mib`` (peak memory above
+    the baseline, MiB), ``ms`` / ``ms_best`` / ``times_ms`` (median, best and every round's
+    time), ``ms_ratio`` (median of the per-round ratios to ``reference``), or ``error``.
+
+    Args:
+        module: the benchmark's module (``benchmarks.speed.vit``), started as the child.
+        cases: ``(settings, models)`` pairs, in order (a predictor sees earlier rows).
+        repeats, warmup: timed rounds in turns, and untimed rounds before them (a memory
+            process runs ``warmup`` steps, at most one, before it measures).
+        memory: take peak memory (False: time only).
+        limit_mib: an address-space limit for each CPU child: an allocation past it fails in
+            the child instead of waking the out-of-memory killer.
+        after_case: called with all rows so far after each case (to save partial results).
+    """
+    from tqdm import tqdm
+    env = {'PYTHONPATH': REPO + os.pathsep + os.environ.get('PYTHONPATH', '')}
+    rows: List[dict] = []
+    progress = tqdm(cases, desc=desc)
+    for settings, models in progress:
+        progress.set_postfix_str(' '.join(f'{v}' for v in settings.values()))
+        child = dict(settings, repeats=repeats, warmup=warmup, device=device,
+                     reference=reference, limit_mib=limit_mib)
+        mine = []
+        for name in models:
+            row = dict(model=name, **settings, **(describe(name, settings) if describe else {}))
+            if predict is not None:
+                row.update(predict(rows, name, settings))
+            if 'skipped' not in row and memory:
+                single = row.get('calls') == 1
+                result = run_case(module, dict(child, models=[name], what='memory',
+                                               warmup=0 if single else min(warmup, 1),
+                                               single_call=single and len(models) == 1),
+                                  memory=True, timeout=timeout, env=env)
+                row['mib'] = result.pop('peak_mib', None)
+                row.update(result)  # an error, or what the child adds (a single call's ms)
+            progress.write(f"{name} {settings}: {row.get('skipped') or row.get('error') or ''}"
+                           + (f"{row['mib']:.0f} MiB" if row.get('mib') is not None else ''))
+            mine.append(row)
+        # timed in turns: what ran (a single call already timed in its memory process is not)
+        timed = [r for r in mine if 'skipped' not in r and 'error' not in r and 'ms' not in r]
+        single = any(r.get('calls') == 1 for r in timed)
+        timing = run_case(module, dict(child, models=[r['model'] for r in timed], what='turns',
+                                       repeats=1 if single else repeats,
+                                       warmup=0 if single else warmup),
+                          timeout=timeout * len(timed), env=env) if timed else {}
+        for row in timed:
+            result = timing.get(row['model'], {})
+            row.update(ms=result.get('median_ms'), ms_best=result.get('best_ms'),
+                       ms_ratio=result.get('ms_ratio'), times_ms=result.get('times_ms'))
+            if 'error' in timing:
+                row['error'] = timing['error']
+        rows += mine
+        if after_case is not None:
+            after_case(rows)
+    return rows
+
+
+def grid_case(case: dict, make_step: MakeStep) -> dict:
+    """The child's answer to :func:`run_grid`: one model's peak memory (``what='memory'``;
+    with ``single_call`` that call's time too), or the models timed in turns."""
+    device = case['device']
+    if device == 'cpu' and case.get('limit_mib'):
+        limit = int(case['limit_mib'] * 2 ** 20)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    torch.manual_seed(0)
+    steps = {name: make_step(name, case) for name in case['models']}
+    if case['what'] == 'memory':
+        step, = steps.values()
+        for _ in range(case['warmup']):
+            step()
+        start = time.perf_counter()
+        peak = peak_memory_mib(step, device)
+        single = dict(ms=(time.perf_counter() - start) * 1e3) if case.get('single_call') else {}
+        return dict(peak_mib=peak, **single)
+    if case['repeats'] == 1 and case['warmup'] == 0:  # too long for rounds: one call each
+        calls = {name: median_ms(step, 1, device, warmup=0) for name, step in steps.items()}
+        return {name: dict(median_ms=ms, best_ms=ms, times_ms=[ms]) for name, ms in calls.items()}
+    return in_turns(steps, case.get('reference'), case['repeats'], case['warmup'], device)
+
+
+def per_round_ratio(row: dict, other: dict) -> Optional[float]:
+    """``row``'s time over ``other``'s as the median of their per-round ratios (both timed in
+    the same rounds of one process), or None."""
+    mine, theirs = row.get('times_ms'), other.get('times_ms')
+    if not mine or not theirs or len(mine) != len(theirs):
+        return None
+    ratios = sorted(a / b for a, b in zip(mine, theirs))
+    middle = len(ratios) // 2
+    return ratios[middle] if len(ratios) % 2 else (ratios[middle - 1] + ratios[middle]) / 2

@@ -1,0 +1,1 @@
+"""Speed and memory benchmarks: each runs its cases on :func:`benchmarks.lib.grid.run_grid`."""
