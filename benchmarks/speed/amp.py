@@ -16,19 +16,10 @@ import torch
 
 from nala_mm.analysis.measure import add_case_argument, device_name, print_case_result
 
+from ..lib import report
 from ..lib.grid import grid_case, run_grid
 from ..lib.paths import REPO, SPEED_RESULTS
 from ..lib.provenance import code_version
-from ..lib.report import (
-    add_report_only_argument,
-    fmt,
-    markdown_table,
-    pyplot,
-    read_json,
-    save_figure,
-    write_json,
-    write_markdown,
-)
 
 CONFIG = osp.join(REPO, 'configs', 'demo', 'ade20k_demo_nala_upernet.py')
 PRECISIONS = ('fp32', 'amp')
@@ -68,7 +59,7 @@ def cpu_bf16() -> dict:
 
 def write_outputs(saved: dict, stem: str) -> None:
     """``stem.json`` (``saved``), the page ``stem.md`` and the plot ``stem.png``."""
-    write_json(stem + '.json', saved)
+    report.write_json(stem + '.json', saved)
     rows = saved['rows']
     lines = [f"# AMP vs fp32, one training step of the demo segmentor ({saved['device']})", '',
              f"batch {saved['batch']}, {saved['crop']}x{saved['crop']} crops, AMP = "
@@ -79,26 +70,27 @@ def write_outputs(saved: dict, stem: str) -> None:
              f"{saved['repeats']} rounds after {saved['warmup']} warm-up steps; memory: peak "
              'above the baseline, each in its own process (after one step, so the optimizer '
              'state is allocated).', '']
-    lines += markdown_table(['precision', 'step ms (median)', 'time / fp32',
+    lines += report.markdown_table(['precision', 'step ms (median)', 'time / fp32',
                              'peak MiB above baseline', 'memory / fp32'],
-                            [[r['model'], fmt(r.get('ms')), fmt(r.get('ms_ratio'), 3),
-                              fmt(r.get('mib')), fmt(r.get('mib_ratio'), 3)] for r in rows])
-    write_markdown(stem + '.md', lines)
-    plt = pyplot()
+                            [[r['model'], report.fmt(r.get('ms')),
+                              report.fmt(r.get('ms_ratio'), 3), report.fmt(r.get('mib')),
+                              report.fmt(r.get('mib_ratio'), 3)] for r in rows])
+    report.write_markdown(stem + '.md', lines)
+    plt = report.pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(8, 3.2))
     for ax, key, title in zip(axes, ('ms', 'mib'), ('step time (ms)', 'peak MiB')):
         ax.bar([r['model'] for r in rows], [r.get(key) or 0 for r in rows],
                color=['#4c72b0', '#dd8452'])
         ax.set_title(title)
     fig.suptitle(f"training step, {saved['amp']} vs fp32")
-    save_figure(fig, stem + '.png')
+    report.save_figure(fig, stem + '.png')
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_case_argument(parser)
-    add_report_only_argument(parser, 'amp')
+    report.add_report_only_argument(parser, 'amp')
     parser.add_argument('--crop', type=int, default=256)
     parser.add_argument('--batch', type=int, default=2)
     parser.add_argument('--repeats', type=int, default=5)
@@ -110,7 +102,7 @@ def main() -> None:
         return
     stem = osp.join(args.out, 'amp' if args.device == 'cpu' else f'amp_{args.device}')
     if args.report_only:
-        write_outputs(read_json(stem + '.json'), stem)
+        write_outputs(report.read_json(stem + '.json'), stem)
         print(open(stem + '.md').read())
         return
     rows = run_grid(__spec__.name, [(dict(crop=args.crop, batch=args.batch), PRECISIONS)],

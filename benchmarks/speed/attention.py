@@ -36,20 +36,10 @@ from nala_mm.models import NormAwareLinearAttention
 from nala_mm.ops import NaLaConfig, apply_rope, nala_attention, rope_phasor, rope_table
 from tests.reference.released_op import nala_attention_released
 
+from ..lib import report
 from ..lib.grid import grid_case, per_round_ratio, run_grid
 from ..lib.paths import SPEED_RESULTS
 from ..lib.provenance import code_version
-from ..lib.report import (
-    add_report_only_argument,
-    fmt,
-    log_log_axes,
-    markdown_table,
-    pyplot,
-    read_json,
-    save_figure,
-    write_json,
-    write_markdown,
-)
 
 IMPLEMENTATIONS = {
     'nala_fast': 'NaLa op, fast (ours)',
@@ -210,7 +200,7 @@ def memory_reduction(rows: list) -> dict:
 
 
 def plot(rows: list, path: str) -> None:
-    plt = pyplot()
+    plt = report.pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     for impl, label in IMPLEMENTATIONS.items():
         mine = [r for r in rows if r['model'] == impl and r['mode'] == 'fwd_bwd']
@@ -219,10 +209,10 @@ def plot(rows: list, path: str) -> None:
             if points:
                 ax.plot(*zip(*points), marker='o', label=label,
                         linestyle='--' if impl in LAYERS else '-')
-    log_log_axes(axes[0], 'forward + backward time (ms)', 'tokens N')
-    log_log_axes(axes[1], 'forward + backward peak (MiB)', 'tokens N')
+    report.log_log_axes(axes[0], 'forward + backward time (ms)', 'tokens N')
+    report.log_log_axes(axes[1], 'forward + backward peak (MiB)', 'tokens N')
     axes[0].legend(fontsize=8)
-    save_figure(fig, path)
+    report.save_figure(fig, path)
 
 
 def write_outputs(saved: dict, stem: str) -> None:
@@ -230,7 +220,7 @@ def write_outputs(saved: dict, stem: str) -> None:
     rows = saved['rows']
     saved['pairs'] = pair_rows(rows)
     saved['memory_reduction_vs_explicit'] = memory_reduction(rows)
-    write_json(stem + '.json', saved)
+    report.write_json(stem + '.json', saved)
 
     def cell(impl, tokens, mode, key):
         row = next((r for r in rows if r['model'] == impl and r['tokens'] == tokens
@@ -248,7 +238,7 @@ def write_outputs(saved: dict, stem: str) -> None:
              'the baseline, each in its own process. Layers: the whole token mixer (C = 64); '
              'ours and the released sequence agree to a relative L2 of '
              f"{saved['layers_relative_l2']:.1e}.", '']
-    lines += markdown_table(
+    lines += report.markdown_table(
         ['implementation', 'N', 'fwd ms', 'fwd+bwd ms', 'fwd MiB', 'fwd+bwd MiB'],
         [[label, tokens] + [cell(impl, tokens, mode, key) for key in ('ms', 'mib')
                             for mode in ('fwd', 'fwd_bwd')]
@@ -256,16 +246,17 @@ def write_outputs(saved: dict, stem: str) -> None:
     lines += ['', '## Released vs ours', '',
               'speed-up = the released sequence\'s time over ours, median of the per-round '
               'ratios; memory = our peak over the released sequence\'s.', '']
-    lines += markdown_table(
+    lines += report.markdown_table(
         ['what', 'N', 'mode', 'speed-up', 'memory ours / released'],
-        [[p['what'], p['tokens'], p['mode'], fmt(p['speedup'], 2), fmt(p['memory_ratio'], 3)]
+        [[p['what'], p['tokens'], p['mode'], report.fmt(p['speedup'], 2),
+          report.fmt(p['memory_ratio'], 3)]
          for p in saved['pairs']])
     reduction = saved['memory_reduction_vs_explicit']
     if reduction:
         bound = ' (against its lower bound)' if reduction['against_lower_bound'] else ''
         lines += ['', f"The fast op keeps {reduction['percent_less']:.2f} % less peak memory "
                       f"than explicit softmax at N = {reduction['tokens']}{bound}."]
-    write_markdown(stem + '.md', lines)
+    report.write_markdown(stem + '.md', lines)
     plot(rows, stem + '.png')
 
 
@@ -273,7 +264,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_case_argument(parser)
-    add_report_only_argument(parser, 'attention')
+    report.add_report_only_argument(parser, 'attention')
     parser.add_argument('--sizes', nargs='+', type=int, default=[32, 64, 128, 256],
                         help='square feature-map sides (N = side^2)')
     parser.add_argument('--repeats', type=int, default=10)
@@ -285,7 +276,7 @@ def main() -> None:
         return
     stem = osp.join(args.out, 'attention' if args.device == 'cpu' else f'attention_{args.device}')
     if args.report_only:
-        write_outputs(read_json(stem + '.json'), stem)
+        write_outputs(report.read_json(stem + '.json'), stem)
         print(open(stem + '.md').read())
         return
 

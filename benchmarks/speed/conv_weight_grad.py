@@ -20,17 +20,9 @@ import torch
 from nala_mm.analysis.measure import add_case_argument, device_name, print_case_result
 from nala_mm.ops.fused.conv_weight_grad import conv_weight_grad
 
+from ..lib import report
 from ..lib.grid import grid_case, run_grid
 from ..lib.paths import SPEED_RESULTS
-from ..lib.report import (
-    add_report_only_argument,
-    markdown_table,
-    pyplot,
-    read_json,
-    save_figure,
-    write_json,
-    write_markdown,
-)
 
 # (label, in channels, out channels, kernel, stride, map side): NaLaFormer-T, batch 2
 CASES = [(f'downsample {cin}->{cout}', cin, cout, 3, 2, side)
@@ -67,29 +59,29 @@ def step_of(name: str, case: dict):
 def write_outputs(saved: dict, stem: str) -> None:
     """``stem.json`` (``saved``), the page ``stem.md`` and the plot ``stem.png``."""
     rows = saved['rows']
-    write_json(stem + '.json', saved)
+    report.write_json(stem + '.json', saved)
     lines = [f"# Conv weight gradients ({saved['device']})", '',
              f"torch {saved['torch']}; batch {saved['batch']}, channels-last inputs; oneDNN vs "
              f"nala_mm.ops.conv_weight_grad timed in turns, {saved['repeats']} rounds; speed-up = "
              'median of the per-round ratios.', '']
-    lines += markdown_table(['case', 'map side', 'oneDNN ms', 'ours ms', 'speed-up'],
+    lines += report.markdown_table(['case', 'map side', 'oneDNN ms', 'ours ms', 'speed-up'],
                             [[r['case'], r['side'], f"{r['onednn_ms']:.1f}",
                               f"{r['ours_ms']:.1f}", f"{r['speedup']:.2f}"] for r in rows])
-    write_markdown(stem + '.md', lines)
-    plt = pyplot()
+    report.write_markdown(stem + '.md', lines)
+    plt = report.pyplot()
     fig, ax = plt.subplots(figsize=(9, 4))
     ax.barh([f"{r['case']} @ {r['side']}²" for r in rows], [r['speedup'] for r in rows])
     ax.axvline(1.0, color='k', lw=0.8)
     ax.set_xlabel('speed-up over oneDNN (median of per-round ratios)')
     ax.invert_yaxis()
-    save_figure(fig, stem + '.png')
+    report.save_figure(fig, stem + '.png')
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_case_argument(parser)
-    add_report_only_argument(parser, 'conv_weight_grad')
+    report.add_report_only_argument(parser, 'conv_weight_grad')
     parser.add_argument('--repeats', type=int, default=5)
     parser.add_argument('--out', default=SPEED_RESULTS)
     args = parser.parse_args()
@@ -98,7 +90,7 @@ def main() -> None:
         return
     stem = osp.join(args.out, 'conv_weight_grad')
     if args.report_only:
-        write_outputs(read_json(stem + '.json'), stem)
+        write_outputs(report.read_json(stem + '.json'), stem)
         print(open(stem + '.md').read())
         return
     cases = [(dict(case=label, cin=cin, cout=cout, kernel=kernel, stride=stride, side=side),

@@ -35,16 +35,8 @@ from nala_mm.analysis.measure import interleaved_ms
 from nala_mm.deploy import DEFAULT_OPSET, build_exportable, export, ort_session, relative_l2
 from nala_mm.models import LinearAttention, NormAwareLinearAttention, SoftmaxAttention
 
+from ..lib import report
 from ..lib.paths import REPO, SPEED_RESULTS
-from ..lib.report import (
-    add_report_only_argument,
-    markdown_table,
-    pyplot,
-    read_json,
-    save_figure,
-    write_json,
-    write_markdown,
-)
 
 # torch.compile's capture is examined on one model: the hybrid has the same NaLa layers (stages
 # 1-2), and capturing is slow.
@@ -164,7 +156,7 @@ def report_lines(result: dict) -> List[str]:
              'Engines timed in turns after one warm-up round; ORT / eager = median of the '
              'per-round ratios. Random weights (timing does not depend on them). Load average '
              f'(1, 5, 15 min) at start -> end: {load} on this shared machine.', '']
-    lines += markdown_table(
+    lines += report.markdown_table(
         ['model', 'kernel', 'side', 'rel. L2 error', 'PyTorch eager ms (median / min)',
          'ONNX Runtime ms (median / min)', 'ORT / eager', 'rounds'],
         [[model['label'], model['kernel'], row['side'], f"{row['rel_l2']:.1e}",
@@ -179,7 +171,7 @@ def report_lines(result: dict) -> List[str]:
               'turn:', '']
     captured = [(model['label'], model['dynamo']) for model in result['models'].values()
                 if 'dynamo' in model]
-    lines += markdown_table(
+    lines += report.markdown_table(
         ['model', 'sides', 'graphs after each size', 'graph breaks', 'top break reasons'],
         [[label, capture['sides'], capture['graphs_after_each_size'], capture['graph_breaks'],
           '; '.join(f'{count}x {reason}' for reason, count in
@@ -188,7 +180,7 @@ def report_lines(result: dict) -> List[str]:
                 for row in m.get('inductor', [])]
     if inductor:
         lines += ['']
-        lines += markdown_table(
+        lines += report.markdown_table(
             ['model', 'side', 'first call (compile) s', 'compiled ms', 'eager ms',
              'rel. L2 error'],
             [[label, row['side'], f"{row['first_call_s']:.0f}", f"{row['compiled_median_ms']:.0f}",
@@ -199,7 +191,7 @@ def report_lines(result: dict) -> List[str]:
 
 
 def plot(result: dict, path: str) -> None:
-    plt = pyplot()
+    plt = report.pyplot()
     groups = [(model['label'].split('(')[-1].rstrip(')'), row)
               for model in result['models'].values() for row in model['onnx']]
     x = np.arange(len(groups))
@@ -216,7 +208,7 @@ def plot(result: dict, path: str) -> None:
     ax.set_title(f'UperNet + NaLaFormer-T inference, {result["device"]}')
     ax.grid(True, axis='y', which='both', alpha=0.3)
     ax.legend()
-    save_figure(fig, path)
+    report.save_figure(fig, path)
 
 
 def main() -> None:
@@ -229,11 +221,11 @@ def main() -> None:
     parser.add_argument('--compile', action='store_true',
                         help='also time inductor-compiled code (minutes of compilation)')
     parser.add_argument('--out', default=SPEED_RESULTS, help='output folder')
-    add_report_only_argument(parser, 'deploy')
+    report.add_report_only_argument(parser, 'deploy')
     args = parser.parse_args()
     stem = osp.join(args.out, 'deploy')
     if args.report_only:
-        write_outputs(read_json(stem + '.json'), stem)
+        write_outputs(report.read_json(stem + '.json'), stem)
         return
     repeats = args.repeats if len(args.repeats) == len(args.sides) else \
         [args.repeats[0]] * len(args.sides)
@@ -278,8 +270,8 @@ def main() -> None:
 
 def write_outputs(result: dict, stem: str) -> None:
     """``stem.json`` (``result``), the page ``stem.md`` and the plot ``stem.png``."""
-    write_json(stem + '.json', result)
-    write_markdown(stem + '.md', report_lines(result))
+    report.write_json(stem + '.json', result)
+    report.write_markdown(stem + '.md', report_lines(result))
     plot(result, stem + '.png')
     print(open(stem + '.md').read())
 

@@ -24,16 +24,9 @@ from torch import nn
 from nala_mm.analysis.measure import add_case_argument, device_name, print_case_result
 from nala_mm.models import DEFAULT_HYBRID
 
+from ..lib import report
 from ..lib.grid import grid_case, run_grid
 from ..lib.paths import SPEED_RESULTS
-from ..lib.report import (
-    add_report_only_argument,
-    fmt,
-    markdown_table,
-    read_json,
-    write_json,
-    write_markdown,
-)
 from ..lib.sweep import grid_step, pixels, size_cases, sweep_plot
 
 SWIN_T = dict(embed_dims=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24), window_size=7)
@@ -116,10 +109,10 @@ def main() -> None:
                              'on a shared machine pin the run to free cores with taskset and '
                              'give as many threads')
     parser.add_argument('--out', default=SPEED_RESULTS)
-    add_report_only_argument(parser, 'swap')
+    report.add_report_only_argument(parser, 'swap')
     args = parser.parse_args()
     if args.report_only:
-        report(osp.join(args.out, 'swap' if args.device == 'cpu' else f'swap_{args.device}'))
+        write_page(osp.join(args.out, 'swap' if args.device == 'cpu' else f'swap_{args.device}'))
         return
     if args.threads:
         os.environ['OMP_NUM_THREADS'] = str(args.threads)  # the measuring processes inherit it
@@ -148,16 +141,16 @@ def main() -> None:
     chosen = {name: MODELS[name] for family in args.families for name in FAMILIES[family]}
     os.makedirs(args.out, exist_ok=True)
     path = osp.join(args.out, 'swap' if args.device == 'cpu' else f'swap_{args.device}')
-    write_json(path + '.json', dict(device=device_name(args.device), torch=torch.__version__,
+    report.write_json(path + '.json', dict(device=device_name(args.device), torch=torch.__version__,
                                     repeats=args.repeats, warmup=args.warmup,
                                     models={k: v['label'] for k, v in chosen.items()},
                                     costs=costs, rows=rows))
-    report(path)
+    write_page(path)
 
 
-def report(path: str) -> None:
+def write_page(path: str) -> None:
     """``path.md`` and ``path.png`` from ``path.json`` (``--report-only`` redraws them alone)."""
-    saved = read_json(path + '.json')
+    saved = report.read_json(path + '.json')
     models = {name: dict(label=label) for name, label in saved['models'].items()}
     lines = [f"# Stock backbones with NaLa swapped in ({saved['device']})", '',
              f"torch {saved['torch']}; inference, batch 1, eval mode, no grad. Time: the models of "
@@ -166,13 +159,14 @@ def report(path: str) -> None:
              'the stock parent. Memory: peak of one forward above the baseline, each model in its '
              'own process. FLOPs: nala_mm.analysis.count_flops (one multiply-add = one flop).', '']
     errors = any('error' in r for r in saved['rows'])  # the column only when a case failed
-    lines += markdown_table(
+    lines += report.markdown_table(
         ['model, input', 'params (M)', 'GFLOPs', 'median ms', 'time / stock', 'peak MiB',
          'memory / stock'] + ['error'] * errors,
-        [[f"{models[r['model']]['label']}, {r['side']}²", fmt(r['params_m'], 2),
-          fmt(r['gflops'], 1), fmt(r['ms']), fmt(r['ms_ratio'], 2), fmt(r['mib']),
-          fmt(r['mib_ratio'], 2)] + [r.get('error', '')] * errors for r in saved['rows']])
-    write_markdown(path + '.md', lines)
+        [[f"{models[r['model']]['label']}, {r['side']}²", report.fmt(r['params_m'], 2),
+          report.fmt(r['gflops'], 1), report.fmt(r['ms']), report.fmt(r['ms_ratio'], 2),
+          report.fmt(r['mib']),
+          report.fmt(r['mib_ratio'], 2)] + [r.get('error', '')] * errors for r in saved['rows']])
+    report.write_markdown(path + '.md', lines)
     sweep_plot(saved['rows'], models, path + '.png')
     print(open(path + '.md').read())
 

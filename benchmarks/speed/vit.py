@@ -42,20 +42,10 @@ from nala_mm.analysis.measure import (
     print_case_result,
 )
 
+from ..lib import report
 from ..lib.grid import grid_case, per_round_ratio, run_grid
 from ..lib.paths import SPEED_RESULTS
 from ..lib.provenance import code_version
-from ..lib.report import (
-    add_report_only_argument,
-    fmt,
-    log_log_axes,
-    markdown_table,
-    pyplot,
-    read_json,
-    save_figure,
-    write_json,
-    write_markdown,
-)
 from ..lib.sweep import MODE_TITLES, backbone_step
 
 WIDTHS = {'s': dict(embed_dims=384, num_heads=6), 'b': dict(embed_dims=768, num_heads=12)}
@@ -254,9 +244,9 @@ def summary_table(rows: List[dict]) -> List[str]:
                 table.append([width.upper(), 'forward' if mode == 'fwd' else 'training step',
                               f"{side}² ({nala['tokens']:,})"] +
                              [cell(by.get(e)) for e in ENGINES] +
-                             [fmt(nala.get(k), 3) for k in ('ms_vs_stock', 'mib_vs_stock',
+                             [report.fmt(nala.get(k), 3) for k in ('ms_vs_stock', 'mib_vs_stock',
                                                             'ms_vs_sdpa')])
-    return markdown_table(['ViT', 'mode', 'side (tokens)', 'stock', 'fused SDPA', 'NaLa',
+    return report.markdown_table(['ViT', 'mode', 'side (tokens)', 'stock', 'fused SDPA', 'NaLa',
                            'NaLa time / stock', 'NaLa memory / stock', 'NaLa time / SDPA'],
                           table)
 
@@ -280,7 +270,7 @@ def write_outputs(saved: dict, out: str) -> None:
     saved = summarise(saved)
     os.makedirs(out, exist_ok=True)
     stem = osp.join(out, 'vit' if 'CPU' in saved['device'] else 'vit_cuda')
-    write_json(stem + '.json', saved)
+    report.write_json(stem + '.json', saved)
     lines = [f"# ViT backbones: stock, fused SDPA and NaLa ({saved['device']})", '',
              f"torch {saved['torch']}; mmseg's VisionTransformer, {saved['layers']} layers, patch "
              f"{saved['patch']}, the class token; batch 1. Time: the models of one width, mode "
@@ -296,12 +286,12 @@ def write_outputs(saved: dict, out: str) -> None:
         if not mine:
             continue
         lines += [f'## {MODE_TITLES[mode]}', '']
-        lines += markdown_table(
+        lines += report.markdown_table(
             ['model', 'side', 'tokens', 'median ms', 'peak MiB', 'time / stock',
              'memory / stock', 'time / SDPA', 'memory / SDPA', 'note'],
-            [[label(r), r['side'], r['tokens'], fmt(r.get('ms')), fmt(r.get('mib')),
-              fmt(r.get('ms_vs_stock'), 3), fmt(r.get('mib_vs_stock'), 3),
-              fmt(r.get('ms_vs_sdpa'), 3), fmt(r.get('mib_vs_sdpa'), 3), note(r)]
+            [[label(r), r['side'], r['tokens'], report.fmt(r.get('ms')), report.fmt(r.get('mib')),
+              report.fmt(r.get('ms_vs_stock'), 3), report.fmt(r.get('mib_vs_stock'), 3),
+              report.fmt(r.get('ms_vs_sdpa'), 3), report.fmt(r.get('mib_vs_sdpa'), 3), note(r)]
              for r in mine])
         lines.append('')
     reductions = saved['memory_reduction_vs_stock']
@@ -311,12 +301,12 @@ def write_outputs(saved: dict, out: str) -> None:
                   f"({r['tokens']} tokens), the largest size where both ran (the paper: "
                   f"{saved['paper_reduction_percent']} % at 70K+ tokens)"
                   for w, r in reductions.items()]
-    write_markdown(stem + '.md', lines)
+    report.write_markdown(stem + '.md', lines)
     plot(saved, stem + '.png')
 
 
 def plot(saved: dict, path: str) -> None:
-    plt = pyplot()
+    plt = report.pyplot()
     rows = [r for r in saved['rows'] if r['mode'] == 'fwd']
     fig, (ax_time, ax_mem) = plt.subplots(1, 2, figsize=(12, 4.6))
     for width in sorted({r['width'] for r in rows}):
@@ -330,17 +320,18 @@ def plot(saved: dict, path: str) -> None:
                                if r.get('skipped') and r.get(f'predicted_{key}')]
                     if guessed:  # skipped cases: their predictions, hollow
                         ax.plot(*zip(*guessed), style[0], mfc='none', color=line.get_color())
-    log_log_axes(ax_time, 'inference: time (ms); hollow: predicted, skipped', 'tokens')
-    log_log_axes(ax_mem, 'inference: peak memory (MiB); hollow: predicted, skipped', 'tokens')
+    report.log_log_axes(ax_time, 'inference: time (ms); hollow: predicted, skipped', 'tokens')
+    report.log_log_axes(ax_mem, 'inference: peak memory (MiB); hollow: predicted, skipped',
+                        'tokens')
     ax_time.legend(fontsize=7)
-    save_figure(fig, path)
+    report.save_figure(fig, path)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_case_argument(parser)
-    add_report_only_argument(parser, 'vit')
+    report.add_report_only_argument(parser, 'vit')
     parser.add_argument('--widths', nargs='+', choices=list(WIDTHS), default=list(WIDTHS))
     parser.add_argument('--sizes', nargs='*', type=int, default=[512, 1024, 2048, 4096])
     parser.add_argument('--train-sizes', nargs='*', type=int, default=[512, 1024])
@@ -355,7 +346,7 @@ def main() -> None:
         return
     if args.report_only:
         stem = 'vit' if args.device == 'cpu' else 'vit_cuda'
-        write_outputs(read_json(osp.join(args.out, stem + '.json')), args.out)
+        write_outputs(report.read_json(osp.join(args.out, stem + '.json')), args.out)
         return
     args.commit = code_version()  # taken at the start: a commit landing meanwhile is not it
     sweep(args)

@@ -29,17 +29,10 @@ from nala_mm.analysis.measure import (
     print_case_result,
 )
 
+from ..lib import report
 from ..lib.grid import grid_case, run_grid
 from ..lib.paths import REPO, SPEED_RESULTS
 from ..lib.provenance import code_version
-from ..lib.report import (
-    add_report_only_argument,
-    fmt,
-    markdown_table,
-    read_json,
-    write_json,
-    write_markdown,
-)
 
 NALA = osp.join(REPO, 'configs', 'swap', 'cityscapes_setr_vit-l_naive_nala-all.py')
 STOCK = 'mmseg::setr/setr_vit-l_naive_8xb1-80k_cityscapes-768x768.py'
@@ -129,27 +122,27 @@ def write_outputs(saved: dict, out: str) -> None:
         row['mib_vs_stock_slide'] = row['mib'] / reference['mib'] \
             if row.get('mib') and reference.get('mib') else None
     stem = osp.join(out, 'vit_cityscapes')
-    write_json(stem + '.json', saved)
+    report.write_json(stem + '.json', saved)
     lines = [f"# SETR-Naive ViT-L: whole-image vs sliding-window inference ({saved['device']})",
              '', f"torch {saved['torch']}; one image, batch 1, random weights, "
              "`EncoderDecoder.inference` without gradients (logits at full resolution, 19 "
              f"classes); each case in its own process, {saved.get('warmup', 0)} warm-up call(s), "
              'then one call timed and its peak memory above the baseline taken.', '']
-    lines += markdown_table(
+    lines += report.markdown_table(
         ['case', 'image', 'windows', 'tokens a pass', 'ms', 'peak MiB', 'time / stock slide',
          'memory / stock slide', 'note'],
         [[CASES[r['case']]['label'], 'x'.join(map(str, CASES[r['case']]['size'])),
-          r['windows'], r['tokens_per_pass'], fmt(r.get('ms')), fmt(r.get('mib')),
-          fmt(r.get('ms_vs_stock_slide'), 3), fmt(r.get('mib_vs_stock_slide'), 3),
+          r['windows'], r['tokens_per_pass'], report.fmt(r.get('ms')), report.fmt(r.get('mib')),
+          report.fmt(r.get('ms_vs_stock_slide'), 3), report.fmt(r.get('mib_vs_stock_slide'), 3),
           r.get('skipped') or r.get('error') or ''] for r in rows])
-    write_markdown(stem + '.md', lines)
+    report.write_markdown(stem + '.md', lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_case_argument(parser)
-    add_report_only_argument(parser, 'vit_cityscapes')
+    report.add_report_only_argument(parser, 'vit_cityscapes')
     parser.add_argument('--cases', nargs='+', choices=list(CASES), default=list(CASES))
     parser.add_argument('--out', default=SPEED_RESULTS)
     args = parser.parse_args()
@@ -157,7 +150,7 @@ def main() -> None:
         print_case_result(grid_case(args.case, step_of))
         return
     if args.report_only:
-        write_outputs(read_json(osp.join(args.out, 'vit_cityscapes.json')), args.out)
+        write_outputs(report.read_json(osp.join(args.out, 'vit_cityscapes.json')), args.out)
         return
     budget = available_mib('cpu') - SAFETY_MIB
     saved = dict(commit=code_version(), device=device_name('cpu'), torch=torch.__version__,

@@ -19,20 +19,9 @@ import tempfile
 from statistics import mean, stdev
 from typing import Dict, List
 
+from ..lib import report
 from ..lib.paths import REPO, STUDY_RESULTS
 from ..lib.presets import PRESETS, MixerPreset
-from ..lib.report import (
-    add_report_only_argument,
-    markdown_table,
-    pm,
-    pyplot,
-    read_json,
-    save_figure,
-    seed_scatter,
-    signed,
-    write_json,
-    write_markdown,
-)
 from ..lib.runs import mixer_sweep_config, train_config
 
 DEMO = osp.join(REPO, 'configs', 'demo', 'ade20k_demo_nala_upernet.py')
@@ -84,7 +73,7 @@ def summarise(runs: List[dict]) -> Dict[str, dict]:
 
 
 def write_outputs(runs: List[dict], summary: Dict[str, dict], args, stem: str) -> None:
-    write_json(stem + '.json', dict(config=osp.relpath(DEMO, REPO), iters=args.iters,
+    report.write_json(stem + '.json', dict(config=osp.relpath(DEMO, REPO), iters=args.iters,
                                     seeds=args.seeds,
                                     data='embedded synthetic ADE20K-layout data (make demo)',
                                     runs=runs, summary=summary))
@@ -93,31 +82,31 @@ def write_outputs(runs: List[dict], summary: Dict[str, dict], args, stem: str) -
              f'Demo UperNet + NaLaFormer, one mixer in all four stages, from scratch, '
              f'{args.iters} iterations of batch 8 at 128x128, seeds {args.seeds}; mIoU on the '
              f'40 validation images; time per training iteration on this CPU.', '']
-    lines += markdown_table(
+    lines += report.markdown_table(
         ['mixer', 'runs', 'mIoU mean ± std',
          f'mIoU − {first} at the same seed, mean ± std (per seed)', 's / iter (best seed)'],
-        [[row['label'], row['runs'], pm(row['mIoU_mean'], row['mIoU_std']),
+        [[row['label'], row['runs'], report.pm(row['mIoU_mean'], row['mIoU_std']),
           '-' if row['paired_delta_mean'] is None else
-          pm(row['paired_delta_mean'], row['paired_delta_std'], sign=True)
-          + f" ({signed(row['paired_deltas'])})",
+          report.pm(row['paired_delta_mean'], row['paired_delta_std'], sign=True)
+          + f" ({report.signed(row['paired_deltas'])})",
           '-' if row['sec_per_iter_best'] is None else f"{row['sec_per_iter_best']:.2f}"]
          for row in summary.values()])
     lines += ['']
-    lines += markdown_table(
+    lines += report.markdown_table(
         ['mixer', 'seed', 'mIoU', 'aAcc', 'final loss'],
         [[r['variant'], r['seed'], f"{r['mIoU']:.2f}", f"{r['aAcc']:.2f}",
           f"{r['final_loss']:.3f}"] if 'mIoU' in r else
          [r['variant'], r['seed'], '-', '-', f"error: {r['error']}"] for r in runs])
-    write_markdown(stem + '.md', lines)
+    report.write_markdown(stem + '.md', lines)
 
-    plt = pyplot()
+    plt = report.pyplot()
     fig, ax = plt.subplots(figsize=(8, 3.8))
-    seed_scatter(ax, runs, summary)
+    report.seed_scatter(ax, runs, summary)
     ax.set_ylabel('mIoU')
     ax.set_title(f'mixers at equal budget ({args.iters} iterations; dots: seeds, '
                  f'squares: mean ± std)')
     ax.grid(True, axis='y', alpha=0.3)
-    save_figure(fig, stem + '.png')
+    report.save_figure(fig, stem + '.png')
 
 
 def main() -> None:
@@ -128,11 +117,11 @@ def main() -> None:
     # the schedule of the committed results (benchmarks/results/studies/ablation.json)
     parser.add_argument('--iters', type=int, default=200)
     parser.add_argument('--out', default=STUDY_RESULTS)
-    add_report_only_argument(parser, 'ablation')
+    report.add_report_only_argument(parser, 'ablation')
     args = parser.parse_args()
     stem = osp.join(args.out, 'ablation')
     if args.report_only:
-        saved = read_json(stem + '.json')
+        saved = report.read_json(stem + '.json')
         args.iters, args.seeds = saved['iters'], saved['seeds']
         write_outputs(saved['runs'], summarise(saved['runs']), args, stem)
         print(open(stem + '.md').read())

@@ -14,9 +14,9 @@ import sys
 
 from nala_mm.datasets.demo import DEMO_TASKS
 
+from ..lib import report
 from ..lib.paths import REPO, STUDY_RESULTS
 from ..lib.provenance import code_version
-from ..lib.report import read_json, write_json
 from ..lib.runs import tool_env
 
 
@@ -34,9 +34,9 @@ def main() -> None:
         # the tool's own progress and log stream through
         subprocess.run([sys.executable, osp.join(REPO, 'tools', 'demo.py'), task, '--work-dir',
                         work_dir], cwd=REPO, env=tool_env(), check=True)
-        summary = read_json(osp.join(work_dir, 'demo_summary.json'))
+        summary = report.read_json(osp.join(work_dir, 'demo_summary.json'))
         summary['commit'] = commit
-        write_json(osp.join(args.out, f'demo_{task}.json'), summary)
+        report.write_json(osp.join(args.out, f'demo_{task}.json'), summary)
 
 
 if __name__ == '__main__':

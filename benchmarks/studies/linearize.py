@@ -42,20 +42,10 @@ from typing import Dict, List, Optional
 
 from nala_mm.models import DEFAULT_HYBRID
 
+from ..lib import report
 from ..lib.evaluation import curve, linearize, test_miou
 from ..lib.paths import REPO, STUDY_RESULTS
 from ..lib.provenance import code_version
-from ..lib.report import (
-    add_report_only_argument,
-    fmt,
-    markdown_table,
-    pm,
-    pyplot,
-    read_json,
-    save_figure,
-    write_json,
-    write_markdown,
-)
 from ..lib.runs import DEMO, schedule, small_swin_config, train_config
 
 VIT_STOCK = osp.join(REPO, 'configs', 'longrange', 'ade20k_longrange_vit.py')
@@ -202,7 +192,7 @@ def write_outputs(saved: dict, out: str) -> None:
     saved = summarise(saved)
     os.makedirs(out, exist_ok=True)
     stem = osp.join(out, 'linearize')
-    write_json(stem + '.json', saved)
+    report.write_json(stem + '.json', saved)
     lines = ['# Linearizing a softmax-trained model: plain swap vs attention transfer', '',
              'Per teacher: trained once with softmax (seed 0), then per seed the three arms at '
              'equal labelled budget; mIoU on the validation images; zero-shot: the swapped '
@@ -223,10 +213,11 @@ def write_outputs(saved: dict, out: str) -> None:
             lines += ['No arm ran (calibration failed).', '']
             continue
         points = summary['softmax']['points']
-        lines += markdown_table(
+        lines += report.markdown_table(
             ['arm'] + [f'mIoU at {p}' for p in points] + ['zero-shot / teacher',
                                                           'labelled iters to softmax-continued'],
-            [[ARMS[arm]] + [pm(m, s) for m, s in zip(summary[arm]['mean'], summary[arm]['std'])]
+            [[ARMS[arm]] + [report.pm(m, s)
+                            for m, s in zip(summary[arm]['mean'], summary[arm]['std'])]
              + ([f"{100 * summary[arm]['zero_shot_over_teacher']:.1f}%",
                  ', '.join('>' + str(points[-1]) if v is None else str(v)
                            for v in summary[arm]['iters_to_softmax'])]
@@ -240,17 +231,17 @@ def write_outputs(saved: dict, out: str) -> None:
                          if row['name'].startswith('features.')}
                 rows.append([r['seed'], ARMS[arm].split(',')[0],
                              f"{r[f'{arm}_zero_shot_mIoU']:.2f}"] +
-                            [fmt(feats[k]['rel_l2_after'], 3) for k in sorted(feats)])
+                            [report.fmt(feats[k]['rel_l2_after'], 3) for k in sorted(feats)])
         width = max(len(row) for row in rows) - 3
-        lines += markdown_table(['seed', 'start', 'zero-shot mIoU'] +
+        lines += report.markdown_table(['seed', 'start', 'zero-shot mIoU'] +
                                 [f'feature {i} rel. L2' for i in range(width)], rows)
         lines.append('')
-    write_markdown(stem + '.md', lines)
+    report.write_markdown(stem + '.md', lines)
     plot(saved, stem + '.png')
 
 
 def plot(saved: dict, path: str) -> None:
-    plt = pyplot()
+    plt = report.pyplot()
     teachers = [t for t, e in saved['teachers'].items() if e.get('summary')]
     if not teachers:
         return
@@ -267,14 +258,14 @@ def plot(saved: dict, path: str) -> None:
                title=entry['spec']['label'])
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
-    save_figure(fig, path)
+    report.save_figure(fig, path)
 
 
 def study_arguments(parser: argparse.ArgumentParser, stem: str) -> argparse.Namespace:
     """The options the three attention-transfer studies share (``--seeds``, the iterations of
     each phase, the work and results folders, ``--report-only``), parsed; the iterations given
     override every teacher's."""
-    add_report_only_argument(parser, stem)
+    report.add_report_only_argument(parser, stem)
     parser.add_argument('--teachers', nargs='+', choices=list(TEACHERS), default=list(TEACHERS))
     parser.add_argument('--seeds', nargs='+', type=int, default=[0, 1, 2])
     parser.add_argument('--pretrain-iters', type=int, help='override every teacher\'s')
@@ -296,7 +287,7 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     args = study_arguments(parser, 'linearize')
     if args.report_only:
-        write_outputs(read_json(osp.join(args.out, 'linearize.json')), args.out)
+        write_outputs(report.read_json(osp.join(args.out, 'linearize.json')), args.out)
         return
     os.makedirs(args.work_dir, exist_ok=True)
     from tqdm import tqdm

@@ -12,9 +12,9 @@ import argparse
 import os
 import os.path as osp
 
+from ..lib import report
 from ..lib.evaluation import linearize, test_miou
 from ..lib.provenance import code_version
-from ..lib.report import fmt, markdown_table, read_json, write_json, write_markdown
 from .linearize import TEACHERS, config_text, prepare_data, study_arguments, train_teacher
 
 CHOICES = [dict(target=t, inputs=i, params=p) for t in ('block', 'attention')
@@ -56,7 +56,7 @@ def choices(args, root: str) -> dict:
 
 def write_choices(saved: dict, out: str) -> None:
     stem = osp.join(out, 'linearize_choices')
-    write_json(stem + '.json', saved)
+    report.write_json(stem + '.json', saved)
     lines = ['# Attention transfer: the design choices, measured', '',
              f"{saved['spec']['label']}; teacher mIoU {saved['teacher']['teacher_mIoU']:.2f}; "
              f"each choice {saved['spec']['transfer_iters']} transfer iterations (seed 0), then "
@@ -68,12 +68,12 @@ def write_choices(saved: dict, out: str) -> None:
         name = 'plain swap (no transfer)' if r.get('plain_swap') else \
             f"{o['target']}, {o['inputs']} inputs, {o['params']} params, lr {o['lr']:g}"
         rows.append([name, f"{r['zero_shot_mIoU']:.2f}"] +
-                    [fmt(r['features'][k], 3) for k in sorted(r['features'])] +
-                    [fmt(r['seconds'])])
+                    [report.fmt(r['features'][k], 3) for k in sorted(r['features'])] +
+                    [report.fmt(r['seconds'])])
     width = len(saved['results'][0]['features'])
-    lines += markdown_table(['choice', 'zero-shot mIoU'] +
+    lines += report.markdown_table(['choice', 'zero-shot mIoU'] +
                             [f'feature {i} rel. L2' for i in range(width)] + ['seconds'], rows)
-    write_markdown(stem + '.md', lines)
+    report.write_markdown(stem + '.md', lines)
 
 
 def main() -> None:
@@ -81,7 +81,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter),
         'linearize_choices')
     if args.report_only:
-        write_choices(read_json(osp.join(args.out, 'linearize_choices.json')), args.out)
+        write_choices(report.read_json(osp.join(args.out, 'linearize_choices.json')), args.out)
         return
     os.makedirs(args.out, exist_ok=True)
     write_choices(choices(args, osp.join(args.work_dir, 'choices')), args.out)

@@ -11,9 +11,9 @@ import os
 import os.path as osp
 from statistics import mean, stdev
 
+from ..lib import report
 from ..lib.evaluation import linearize, test_miou
 from ..lib.provenance import code_version
-from ..lib.report import fmt, markdown_table, pm, read_json, write_json, write_markdown
 from .linearize import TEACHERS, config_text, prepare_data, study_arguments, train_teacher
 
 # The study's 200 transfer iterations leave the ViT short of 90 % zero-shot; how many close it
@@ -59,18 +59,18 @@ def write_iterations(saved: dict, out: str) -> None:
                             seconds=mean(r['seconds'] for r in mine)))
     saved['summary'] = summary
     stem = osp.join(out, 'linearize_iterations')
-    write_json(stem + '.json', saved)
+    report.write_json(stem + '.json', saved)
     lines = ['# Attention transfer on the long-range ViT: zero-shot mIoU against iterations', '',
              f"{saved['spec']['label']}; teacher trained {saved['spec']['pretrain_iters']} "
              f"iterations with softmax, mIoU {teacher:.2f}; per seed ({len(saved['seeds'])}), "
              'the swapped model after N transfer iterations (0: the plain swap), evaluated '
              'without fine-tuning.', '']
-    lines += markdown_table(
+    lines += report.markdown_table(
         ['transfer iterations', 'zero-shot mIoU', 'zero-shot / teacher', 'feature rel. L2',
          'seconds'],
-        [[s['iters'], pm(s['mean'], s['std']), f"{100 * s['over_teacher']:.1f}%",
-          fmt(s['feature_rel_l2'], 3), fmt(s['seconds'])] for s in summary])
-    write_markdown(stem + '.md', lines)
+        [[s['iters'], report.pm(s['mean'], s['std']), f"{100 * s['over_teacher']:.1f}%",
+          report.fmt(s['feature_rel_l2'], 3), report.fmt(s['seconds'])] for s in summary])
+    report.write_markdown(stem + '.md', lines)
 
 
 def main() -> None:
@@ -78,7 +78,8 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter),
         'linearize_iterations')
     if args.report_only:
-        write_iterations(read_json(osp.join(args.out, 'linearize_iterations.json')), args.out)
+        write_iterations(report.read_json(osp.join(args.out, 'linearize_iterations.json')),
+                         args.out)
         return
     os.makedirs(args.out, exist_ok=True)
     write_iterations(iterations(args, osp.join(args.work_dir, 'iterations')), args.out)

@@ -34,20 +34,9 @@ from typing import Dict, List, Optional, Tuple
 
 from nala_mm.analysis.measure import add_case_argument, print_case_result, run_case
 
+from ..lib import report
 from ..lib.paths import REPO, STUDY_RESULTS
 from ..lib.presets import PRESETS, MixerPreset
-from ..lib.report import (
-    add_report_only_argument,
-    markdown_table,
-    pm,
-    pyplot,
-    read_json,
-    save_figure,
-    seed_scatter,
-    signed,
-    write_json,
-    write_markdown,
-)
 from ..lib.runs import mixer_sweep_config, train_config
 
 CONFIG_PATH = osp.join(REPO, 'configs', 'longrange', 'ade20k_longrange_segformer.py')
@@ -248,12 +237,12 @@ def stats_rows(saved: dict) -> List[List[str]]:
 
 def summary_row(row: dict) -> List[str]:
     """A mixer's line of the main table."""
-    cells = [row['label'], str(row['runs']), pm(row['mIoU_mean'], row['mIoU_std']),
-             pm(row['object_mIoU_mean'], row['object_mIoU_std'])]
+    cells = [row['label'], str(row['runs']), report.pm(row['mIoU_mean'], row['mIoU_std']),
+             report.pm(row['object_mIoU_mean'], row['object_mIoU_std'])]
     for key in ('vs_control', 'vs_softmax'):
         deltas = row[f'{key}_deltas']
-        cells.append('-' if not deltas else pm(row[f'{key}_mean'], row[f'{key}_std'], True)
-                     + f' ({signed(deltas)})')
+        cells.append('-' if not deltas else report.pm(row[f'{key}_mean'], row[f'{key}_std'], True)
+                     + f' ({report.signed(deltas)})')
     cells.append('-' if row['sec_per_iter_best'] is None else f"{row['sec_per_iter_best']:.2f}")
     return cells
 
@@ -269,7 +258,7 @@ def run_row(r: dict) -> List[str]:
 
 def write_outputs(saved: dict, stem: str) -> None:
     runs, summary = saved['runs'], saved['summary']
-    write_json(stem + '.json', saved)
+    report.write_json(stem + '.json', saved)
     gaps = saved.get('control_gap')
     lines = ['# Token mixers on the long-range exemplar task', '',
              f"{saved['config']}, one mixer in all four stages, from scratch, {saved['iters']} "
@@ -278,10 +267,11 @@ def write_outputs(saved: dict, stem: str) -> None:
              f"'differs'; a model blind to the exemplar scores {saved['chance_mIoU']:.2f} mIoU "
              f'at chance); time per training iteration on this CPU, one thread.', '']
     if gaps:
-        lines += [f"Softmax minus control at each seed: {signed(gaps['gaps'])} (required: every "
+        lines += [f"Softmax minus control at each seed: {report.signed(gaps['gaps'])} "
+                  "(required: every "
                   f"gap >= {gaps['required']:.0f}; "
                   f"{'holds' if gaps['holds'] else 'does NOT hold'}).", '']
-    lines += markdown_table(
+    lines += report.markdown_table(
         ['mixer', 'runs', 'mIoU mean ± std', 'object mIoU mean ± std',
          '− control, same seed (per seed)', '− softmax, same seed (per seed)',
          's / iter (best seed)'], [summary_row(row) for row in summary.values()])
@@ -290,7 +280,7 @@ def write_outputs(saved: dict, stem: str) -> None:
                       f"{saved['stats_image']})", '',
                   'Only stage 1 is decoded, so only layers.0 is trained; the other stages '
                   'get no gradient and stay at their initialisation.', '']
-        lines += markdown_table(
+        lines += report.markdown_table(
             ['mixer, layer', 'Spearman(entropy, ‖q‖)', 'mean ‖q‖', 'saturated exponent',
              'row on exemplar: matching objects', 'others', 'exemplar token share'],
             stats_rows(saved))
@@ -298,15 +288,15 @@ def write_outputs(saved: dict, stem: str) -> None:
     if calibration:
         lines += ['', '## Calibration (softmax against the control only, before freezing)', '',
                   calibration['note'], '']
-        lines += markdown_table(
+        lines += report.markdown_table(
             ['design', 'schedule', 'softmax mIoU', 'control mIoU'],
             [[step['design'], step['schedule'], ', '.join(f'{m:.2f}' for m in step['softmax']),
               ', '.join(f'{m:.2f}' for m in step['control']) or '-']
              for step in calibration['steps']])
     lines += ['']
-    lines += markdown_table(['mixer', 'seed', 'mIoU', 'object mIoU', 'aAcc', 'final loss',
+    lines += report.markdown_table(['mixer', 'seed', 'mIoU', 'object mIoU', 'aAcc', 'final loss',
                              's / iter'], [run_row(r) for r in runs])
-    write_markdown(stem + '.md', lines)
+    report.write_markdown(stem + '.md', lines)
     plot(saved, stem + '.png')
 
 
@@ -314,7 +304,7 @@ def plot(saved: dict, path: str) -> None:
     """Top: mIoU per mixer and seed. Below: one object's stage-1 attention row for NaLa, plain
     linear attention and softmax side by side, for a matching and a differing object."""
     import numpy as np
-    plt = pyplot()
+    plt = report.pyplot()
     runs, summary, stats = saved['runs'], saved['summary'], saved.get('attention', {})
     pictured = [v for v in PICTURE if v in stats and 'maps' in stats[v]]
     layer = 'layers.0.blocks.0.attn'
@@ -326,7 +316,7 @@ def plot(saved: dict, path: str) -> None:
     fig = plt.figure(figsize=(12, 4.4 + 3.2 * len(queries)))
     grid = fig.add_gridspec(1 + len(queries), len(pictured) + 1)
     ax = fig.add_subplot(grid[0, :])
-    seed_scatter(ax, runs, summary, rotation=12)
+    report.seed_scatter(ax, runs, summary, rotation=12)
     ax.axhline(saved['chance_mIoU'], color='grey', ls='--', lw=1,
                label='blind to the exemplar (chance)')
     ax.set_ylabel('mIoU')
@@ -362,7 +352,7 @@ def plot(saved: dict, path: str) -> None:
                 ax.set_title(f"{summary.get(variant, {}).get('label', variant)}\n"
                              f'stage-1 row (RoPE on, mean over heads)', fontsize=8)
                 ax.axis('off')
-    save_figure(fig, path, dpi=110)
+    report.save_figure(fig, path, dpi=110)
 
 
 # ------------------------------------------------------------------------------ main
@@ -380,7 +370,7 @@ def main() -> None:
     parser.add_argument('--no-stats', action='store_true',
                         help='skip the attention analysis of the first seed')
     parser.add_argument('--out', default=STUDY_RESULTS)
-    add_report_only_argument(parser, 'longrange')
+    report.add_report_only_argument(parser, 'longrange')
     parser.add_argument('--calibration', metavar='JSON',
                         help='with --report-only: store this calibration record (the designs '
                              'tried, softmax against the control) in OUT/longrange.json')
@@ -391,9 +381,9 @@ def main() -> None:
         return
     stem = osp.join(args.out, 'longrange')
     if args.report_only:
-        saved = read_json(stem + '.json')
+        saved = report.read_json(stem + '.json')
         if args.calibration:
-            saved['calibration'] = read_json(args.calibration)
+            saved['calibration'] = report.read_json(args.calibration)
         write_outputs(saved, stem)
         print(open(stem + '.md').read())
         return

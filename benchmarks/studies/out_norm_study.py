@@ -23,14 +23,8 @@ import os.path as osp
 import tempfile
 from typing import Dict
 
+from ..lib import report
 from ..lib.paths import REPO, STUDY_RESULTS
-from ..lib.report import (
-    add_report_only_argument,
-    markdown_table,
-    read_json,
-    write_json,
-    write_markdown,
-)
 from ..lib.runs import train_config
 
 DEMO = osp.join(REPO, 'configs', 'demo', 'coco_demo_nala_mask-rcnn.py')
@@ -74,21 +68,21 @@ def run_one(variant: str, epochs: int, seed: int, work_root: str) -> dict:
 
 def write_outputs(saved: dict, stem: str) -> None:
     """``stem.json`` (``saved``) and its page ``stem.md``."""
-    write_json(stem + '.json', saved)
+    report.write_json(stem + '.json', saved)
     runs = saved['runs']
     lines = ['# Mask R-CNN from scratch: per-output LayerNorm or not (embedded demo data)', '',
              f"The detection demo config, {saved['epochs']} epochs, seed {saved['seed']}; only the "
              f'backbone differs. mAP on the 30 validation images; the RoI classifier\'s last '
              f'logged loss and accuracy (a stall sits at the class prior: accuracy = background '
              f'share).', '']
-    lines += markdown_table(
+    lines += report.markdown_table(
         ['backbone', 'bbox mAP', 'bbox AP50', 'segm mAP', 'segm AP50', 'loss_cls', 'acc',
          'loss_mask'],
         [[r['variant'], f"error: {r['error']}"] + [''] * 6 if 'error' in r else
          [r['label'], f"{r['bbox_mAP']:.3f}", f"{r['bbox_mAP_50']:.3f}", f"{r['segm_mAP']:.3f}",
           f"{r['segm_mAP_50']:.3f}", f"{r['final_loss_cls']:.3f}", f"{r['final_acc']:.1f}",
           f"{r['final_loss_mask']:.3f}"] for r in runs])
-    write_markdown(stem + '.md', lines)
+    report.write_markdown(stem + '.md', lines)
 
 
 def main() -> None:
@@ -98,11 +92,11 @@ def main() -> None:
     parser.add_argument('--epochs', type=int, default=10)
     parser.add_argument('--seed', type=int, default=0)
     parser.add_argument('--out', default=STUDY_RESULTS)
-    add_report_only_argument(parser, 'out_norm_study')
+    report.add_report_only_argument(parser, 'out_norm_study')
     args = parser.parse_args()
     stem = osp.join(args.out, 'out_norm_study')
     if args.report_only:
-        write_outputs(read_json(stem + '.json'), stem)
+        write_outputs(report.read_json(stem + '.json'), stem)
         return
     os.chdir(REPO)  # the demo config's data root is relative to the repository
     from mmengine.config import Config

@@ -24,19 +24,9 @@ from typing import Dict, List
 
 from nala_mm.models import DEFAULT_HYBRID
 
+from ..lib import report
 from ..lib.evaluation import final_miou, linearize, test_miou
 from ..lib.paths import REPO, STUDY_RESULTS
-from ..lib.report import (
-    add_report_only_argument,
-    markdown_table,
-    pm,
-    pyplot,
-    read_json,
-    save_figure,
-    signed,
-    write_json,
-    write_markdown,
-)
 from ..lib.runs import DEMO, SMALL_SWIN, small_swin_config, train_config
 
 ARMS = {
@@ -75,14 +65,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--out', default=STUDY_RESULTS)
-    add_report_only_argument(parser, 'swap_finetune')
+    report.add_report_only_argument(parser, 'swap_finetune')
     parser.add_argument('--seeds', type=int, nargs='+', default=[0, 1, 2])
     parser.add_argument('--pretrain-iters', type=int, default=1000)
     parser.add_argument('--finetune-iters', type=int, default=300)
     args = parser.parse_args()
     stem = osp.join(args.out, 'swap_finetune')
     if args.report_only:
-        write_outputs(read_json(stem + '.json'), stem)
+        write_outputs(report.read_json(stem + '.json'), stem)
         return
     from mmengine.config import Config
     from tqdm import tqdm
@@ -117,35 +107,36 @@ def main() -> None:
 def write_outputs(payload: dict, stem: str) -> None:
     """``stem.json``, the tables in ``stem.md`` and the plot ``stem.png`` (``--report-only``
     rewrites the last two from the first)."""
-    write_json(stem + '.json', payload)
+    report.write_json(stem + '.json', payload)
     runs, summary = payload['runs'], payload['summary']
     pretrain, finetune = payload['pretrain_iters'], payload['finetune_iters']
 
     def cell(key):
-        return pm(summary[key]['mean'], summary[key]['std'])
+        return report.pm(summary[key]['mean'], summary[key]['std'])
 
     lines = ['# Swapping a trained Swin to NaLa: recovery after the swap (embedded demo data)', '',
              f'Swin (embed 32, depths 2-2-2-2, window 7) + UperNet, trained {pretrain} '
              f'iterations of batch 4 with softmax, then {finetune} more in each arm (same '
              f"schedule and seed); mIoU on the 40 validation images, seeds {payload['seeds']}.",
              '']
-    lines += markdown_table(['stage', 'mIoU mean ± std'], [
+    lines += report.markdown_table(['stage', 'mIoU mean ± std'], [
         [f'softmax, after {pretrain} iterations', cell('pretrained_mIoU')],
         ['stages 1-2 swapped to NaLa, weights carried, no fine-tuning',
          cell('swapped_before_finetune_mIoU')],
         [f'softmax continued {finetune} iterations', cell('softmax_mIoU')],
         [f'NaLa (stages 1-2) fine-tuned {finetune} iterations', cell('nala_mIoU')],
         ['NaLa − softmax at the same seed',
-         f"{cell('nala_minus_softmax')} ({signed(summary['nala_minus_softmax']['per_seed'])})"]])
+         f"{cell('nala_minus_softmax')} "
+         f"({report.signed(summary['nala_minus_softmax']['per_seed'])})"]])
     lines += ['']
-    lines += markdown_table(
+    lines += report.markdown_table(
         ['seed', 'softmax pretrained', 'swapped, no fine-tuning', 'softmax continued',
          'NaLa fine-tuned'],
         [[r['seed'], f"{r['pretrained_mIoU']:.2f}", f"{r['swapped_before_finetune_mIoU']:.2f}",
           f"{r['softmax_mIoU']:.2f}", f"{r['nala_mIoU']:.2f}"] for r in runs])
-    write_markdown(stem + '.md', lines)
+    report.write_markdown(stem + '.md', lines)
 
-    plt = pyplot()
+    plt = report.pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4))
     for r in runs:
         ax.plot([0, 1], [r['pretrained_mIoU'], r['softmax_mIoU']], color='tab:blue', marker='o',
@@ -157,7 +148,7 @@ def write_outputs(payload: dict, stem: str) -> None:
     ax.set_ylabel('mIoU')
     ax.set_title('Swin stages 1-2 swapped to NaLa (demo data)')
     ax.legend()
-    save_figure(fig, stem + '.png')
+    report.save_figure(fig, stem + '.png')
     print(open(stem + '.md').read())
 
 
