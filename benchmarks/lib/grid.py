@@ -14,16 +14,27 @@ with :func:`grid_case` and a ``make_step(model, case)`` that returns one call to
 
     rows = run_grid(__spec__.name, cases, repeats=3, warmup=1, device='cpu')
 """
+import argparse
 import os
+import os.path as osp
 import resource
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from nala_mm.analysis.measure import Step, in_turns, median_ms, peak_memory_mib, run_case
+from nala_mm.analysis.measure import (
+    Step,
+    add_case_argument,
+    in_turns,
+    median_ms,
+    peak_memory_mib,
+    print_case_result,
+    run_case,
+)
 
-from .paths import REPO
+from . import report
+from .paths import REPO, SPEED_RESULTS
 
 Case = Tuple[Dict[str, Any], Sequence[str]]  # (settings shared by the models, the models)
 MakeStep = Callable[[str, dict], Step]
@@ -117,6 +128,39 @@ def grid_case(case: dict, make_step: MakeStep) -> dict:
         calls = {name: median_ms(step, 1, device, warmup=0) for name, step in steps.items()}
         return {name: dict(median_ms=ms, best_ms=ms, times_ms=[ms]) for name, ms in calls.items()}
     return in_turns(steps, case.get('reference'), case['repeats'], case['warmup'], device)
+
+
+def grid_cli(doc: str, name: str, make_step: MakeStep,
+             write_page: Callable[[dict, str], None],
+             arguments: Callable[[argparse.ArgumentParser], None] = lambda parser: None,
+             devices: bool = True) -> Optional[Tuple[argparse.Namespace, str]]:
+    """The command line a speed benchmark's ``main`` starts with: its own ``arguments``, then
+    ``--device`` (with ``devices``), ``--out``, ``--report-only`` and the grid's ``--case``.
+
+    As the grid's child it answers the case (:func:`grid_case` with ``make_step``); with
+    ``--report-only`` it writes the page and plot again from the JSON (``write_page(saved,
+    stem)``) and shows the page. Both return ``None``. Otherwise: the arguments and the results
+    stem, ``OUT/NAME`` (``OUT/NAME_DEVICE`` off the CPU), for the benchmark to measure into.
+    """
+    parser = argparse.ArgumentParser(description=doc,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    arguments(parser)
+    if devices:
+        parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
+    parser.add_argument('--out', default=SPEED_RESULTS, help='output folder')
+    report.add_report_only_argument(parser, name)
+    add_case_argument(parser)
+    args = parser.parse_args()
+    if args.case is not None:
+        print_case_result(grid_case(args.case, make_step))
+        return None
+    device = getattr(args, 'device', 'cpu')
+    stem = osp.join(args.out, name if device == 'cpu' else f'{name}_{device}')
+    if args.report_only:
+        write_page(report.read_json(stem + '.json'), stem)
+        print(open(stem + '.md').read())
+        return None
+    return args, stem
 
 
 def per_round_ratio(row: dict, other: dict) -> Optional[float]:

@@ -14,24 +14,20 @@ A sweep module (``benchmarks.speed.backbone``, ``.segmentor``) defines its model
 """
 import argparse
 import os
-import os.path as osp
 from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 import torch
 
-from nala_mm.analysis.measure import Step, add_case_argument, device_name, print_case_result
+from nala_mm.analysis.measure import Step, device_name
 
-from .grid import Case, grid_case, run_grid
+from .grid import Case, grid_cli, run_grid
 from .grid import MakeStep as GridStep
-from .paths import SPEED_RESULTS
 from .report import (
-    add_report_only_argument,
     fmt,
     log_log_axes,
     markdown_table,
     pyplot,
-    read_json,
     save_figure,
     write_json,
     write_markdown,
@@ -150,31 +146,24 @@ def sweep_cli(module: str, doc: str, stem: str, models: Dict[str, dict], make_st
     """Command line of a size sweep: ``--case`` (the grid's child: one measurement), the sweep
     (JSON, markdown and plot under ``--out``, ``STEM_cuda.*`` on a GPU), or ``--report-only``
     (the markdown and plot again from the JSON)."""
-    parser = argparse.ArgumentParser(description=doc,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_case_argument(parser)
-    parser.add_argument('--sizes', nargs='*', type=int, default=list(default_sizes['fwd']),
-                        help='square input sides of the inference mode (none: skip it)')
-    parser.add_argument('--train-sizes', nargs='*', type=int,
-                        default=list(default_sizes['train']),
-                        help='square crop sides of the training-step mode (none: skip it)')
-    parser.add_argument('--train-batch', type=int, default=2)
-    parser.add_argument('--models', nargs='+', choices=list(models), default=list(models))
-    parser.add_argument('--repeats', type=int, default=3, help='timed rounds in turns (median)')
-    parser.add_argument('--warmup', type=int, default=1, help='untimed runs before timing')
-    parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
-    parser.add_argument('--timeout', type=int, default=3600, help='seconds per measurement')
-    parser.add_argument('--out', default=SPEED_RESULTS, help='output folder')
-    add_report_only_argument(parser, stem)
-    args = parser.parse_args()
-    if args.case is not None:
-        print_case_result(grid_case(args.case, grid_step(make_step)))
-        return
-    path = osp.join(args.out, stem if args.device == 'cpu' else f'{stem}_{args.device}')
-    if args.report_only:
-        write_sweep(path, read_json(path + '.json'), description)
-        return
+    def arguments(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument('--sizes', nargs='*', type=int, default=list(default_sizes['fwd']),
+                            help='square input sides of the inference mode (none: skip it)')
+        parser.add_argument('--train-sizes', nargs='*', type=int,
+                            default=list(default_sizes['train']),
+                            help='square crop sides of the training-step mode (none: skip it)')
+        parser.add_argument('--train-batch', type=int, default=2)
+        parser.add_argument('--models', nargs='+', choices=list(models), default=list(models))
+        parser.add_argument('--repeats', type=int, default=3,
+                            help='timed rounds in turns (median)')
+        parser.add_argument('--warmup', type=int, default=1, help='untimed runs before timing')
+        parser.add_argument('--timeout', type=int, default=3600, help='seconds per measurement')
 
+    parsed = grid_cli(doc, stem, grid_step(make_step),
+                      lambda saved, path: write_sweep(path, saved, description), arguments)
+    if parsed is None:
+        return
+    args, path = parsed
     chosen = {name: models[name] for name in args.models}
     plan = {'fwd': args.sizes, 'train': args.train_sizes}
     rows = run_grid(module, size_cases(chosen, plan, {'fwd': 1, 'train': args.train_batch}),
@@ -186,6 +175,7 @@ def sweep_cli(module: str, doc: str, stem: str, models: Dict[str, dict], make_st
                            repeats=args.repeats, warmup=args.warmup, reference=reference,
                            models={k: v['label'] for k, v in chosen.items()}, rows=rows),
                 description)
+    print(open(path + '.md').read())
 
 
 def write_sweep(path: str, saved: dict, description: str) -> None:
@@ -203,4 +193,3 @@ def write_sweep(path: str, saved: dict, description: str) -> None:
     write_json(path + '.json', saved)
     write_markdown(path + '.md', sweep_report(saved['rows'], models, reference, header))
     sweep_plot(saved['rows'], models, path + '.png')
-    print(open(path + '.md').read())

@@ -14,11 +14,11 @@ import os.path as osp
 
 import torch
 
-from nala_mm.analysis.measure import add_case_argument, device_name, print_case_result
+from nala_mm.analysis.measure import device_name
 
 from ..lib import report
-from ..lib.grid import grid_case, run_grid
-from ..lib.paths import REPO, SPEED_RESULTS
+from ..lib.grid import grid_cli, run_grid
+from ..lib.paths import REPO
 from ..lib.provenance import code_version
 
 CONFIG = osp.join(REPO, 'configs', 'demo', 'ade20k_demo_nala_upernet.py')
@@ -86,25 +86,17 @@ def write_outputs(saved: dict, stem: str) -> None:
     report.save_figure(fig, stem + '.png')
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_case_argument(parser)
-    report.add_report_only_argument(parser, 'amp')
+def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('--crop', type=int, default=256)
     parser.add_argument('--batch', type=int, default=2)
     parser.add_argument('--repeats', type=int, default=5)
-    parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
-    parser.add_argument('--out', default=SPEED_RESULTS)
-    args = parser.parse_args()
-    if args.case is not None:
-        print_case_result(grid_case(args.case, step_of))
+
+
+def main() -> None:
+    parsed = grid_cli(__doc__, 'amp', step_of, write_outputs, arguments)
+    if parsed is None:
         return
-    stem = osp.join(args.out, 'amp' if args.device == 'cpu' else f'amp_{args.device}')
-    if args.report_only:
-        write_outputs(report.read_json(stem + '.json'), stem)
-        print(open(stem + '.md').read())
-        return
+    args, stem = parsed
     rows = run_grid(__spec__.name, [(dict(crop=args.crop, batch=args.batch), PRECISIONS)],
                     repeats=args.repeats, warmup=TIME_WARMUP, device=args.device,
                     reference='fp32', desc='precision')

@@ -24,21 +24,19 @@ machine's load drift. Explicit softmax is not run where its N x N matrix alone p
 """
 import argparse
 import os
-import os.path as osp
 
 import torch
 import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
-from nala_mm.analysis.measure import add_case_argument, device_name, print_case_result
+from nala_mm.analysis.measure import device_name
 from nala_mm.models import NormAwareLinearAttention
 from nala_mm.ops import NaLaConfig, apply_rope, nala_attention, rope_phasor, rope_table
 from tests.reference.released_op import nala_attention_released
 
 from ..lib import report
-from ..lib.grid import grid_case, per_round_ratio, run_grid
-from ..lib.paths import SPEED_RESULTS
+from ..lib.grid import grid_cli, per_round_ratio, run_grid
 from ..lib.provenance import code_version
 
 IMPLEMENTATIONS = {
@@ -260,25 +258,17 @@ def write_outputs(saved: dict, stem: str) -> None:
     plot(rows, stem + '.png')
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_case_argument(parser)
-    report.add_report_only_argument(parser, 'attention')
+def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('--sizes', nargs='+', type=int, default=[32, 64, 128, 256],
                         help='square feature-map sides (N = side^2)')
     parser.add_argument('--repeats', type=int, default=10)
-    parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
-    parser.add_argument('--out', default=SPEED_RESULTS)
-    args = parser.parse_args()
-    if args.case is not None:
-        print_case_result(grid_case(args.case, step_of))
+
+
+def main() -> None:
+    parsed = grid_cli(__doc__, 'attention', step_of, write_outputs, arguments)
+    if parsed is None:
         return
-    stem = osp.join(args.out, 'attention' if args.device == 'cpu' else f'attention_{args.device}')
-    if args.report_only:
-        write_outputs(report.read_json(stem + '.json'), stem)
-        print(open(stem + '.md').read())
-        return
+    args, stem = parsed
 
     layers_rel_l2 = check_layers_agree(args.device)
     if layers_rel_l2 > 1e-5:

@@ -11,18 +11,15 @@ Discussed in docs/speed.md.
 
     python -m benchmarks.speed.conv_weight_grad [--repeats 5]   # make conv-bench
 """
-import argparse
 import os
-import os.path as osp
 
 import torch
 
-from nala_mm.analysis.measure import add_case_argument, device_name, print_case_result
+from nala_mm.analysis.measure import device_name
 from nala_mm.ops.fused.conv_weight_grad import conv_weight_grad
 
 from ..lib import report
-from ..lib.grid import grid_case, run_grid
-from ..lib.paths import SPEED_RESULTS
+from ..lib.grid import grid_cli, run_grid
 
 # (label, in channels, out channels, kernel, stride, map side): NaLaFormer-T, batch 2
 CASES = [(f'downsample {cin}->{cout}', cin, cout, 3, 2, side)
@@ -78,21 +75,12 @@ def write_outputs(saved: dict, stem: str) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_case_argument(parser)
-    report.add_report_only_argument(parser, 'conv_weight_grad')
-    parser.add_argument('--repeats', type=int, default=5)
-    parser.add_argument('--out', default=SPEED_RESULTS)
-    args = parser.parse_args()
-    if args.case is not None:
-        print_case_result(grid_case(args.case, step_of))
+    parsed = grid_cli(__doc__, 'conv_weight_grad', step_of, write_outputs,
+                      lambda parser: parser.add_argument('--repeats', type=int, default=5),
+                      devices=False)  # the CPU weight-gradient paths
+    if parsed is None:
         return
-    stem = osp.join(args.out, 'conv_weight_grad')
-    if args.report_only:
-        write_outputs(report.read_json(stem + '.json'), stem)
-        print(open(stem + '.md').read())
-        return
+    args, stem = parsed
     cases = [(dict(case=label, cin=cin, cout=cout, kernel=kernel, stride=stride, side=side),
               ['onednn', 'ours']) for label, cin, cout, kernel, stride, side in CASES]
     grid = run_grid(__spec__.name, cases, repeats=args.repeats, warmup=1, device='cpu',

@@ -36,15 +36,12 @@ from torch import nn
 
 from nala_mm.analysis.measure import (
     Step,
-    add_case_argument,
     available_mib,
     device_name,
-    print_case_result,
 )
 
 from ..lib import report
-from ..lib.grid import grid_case, per_round_ratio, run_grid
-from ..lib.paths import SPEED_RESULTS
+from ..lib.grid import grid_cli, per_round_ratio, run_grid
 from ..lib.provenance import code_version
 from ..lib.sweep import MODE_TITLES, backbone_step
 
@@ -181,7 +178,7 @@ def sweep(args) -> List[dict]:
                     timeout=4 * args.cap, limit_mib=budget + PROCESS_MIB, describe=describe,
                     # an interrupted run keeps what it measured
                     after_case=lambda rows: write_outputs(dict(rows=rows, **header(args)),
-                                                          args.out), desc='vit')
+                                                          args.stem), desc='vit')
 
 
 def header(args) -> dict:
@@ -266,10 +263,10 @@ def note(row: dict) -> str:
     return row.get('error') or ('one call' if row.get('calls') == 1 else '')
 
 
-def write_outputs(saved: dict, out: str) -> None:
+def write_outputs(saved: dict, stem: str) -> None:
+    """``stem.json`` (``saved``, summarised), the page ``stem.md`` and the plot ``stem.png``."""
     saved = summarise(saved)
-    os.makedirs(out, exist_ok=True)
-    stem = osp.join(out, 'vit' if 'CPU' in saved['device'] else 'vit_cuda')
+    os.makedirs(osp.dirname(stem), exist_ok=True)
     report.write_json(stem + '.json', saved)
     lines = [f"# ViT backbones: stock, fused SDPA and NaLa ({saved['device']})", '',
              f"torch {saved['torch']}; mmseg's VisionTransformer, {saved['layers']} layers, patch "
@@ -327,30 +324,23 @@ def plot(saved: dict, path: str) -> None:
     report.save_figure(fig, path)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_case_argument(parser)
-    report.add_report_only_argument(parser, 'vit')
+def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('--widths', nargs='+', choices=list(WIDTHS), default=list(WIDTHS))
     parser.add_argument('--sizes', nargs='*', type=int, default=[512, 1024, 2048, 4096])
     parser.add_argument('--train-sizes', nargs='*', type=int, default=[512, 1024])
     parser.add_argument('--repeats', type=int, default=2, help='timed rounds in turns')
     parser.add_argument('--warmup', type=int, default=1, help='untimed rounds before timing')
     parser.add_argument('--cap', type=int, default=600, help='seconds a case may take')
-    parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
-    parser.add_argument('--out', default=SPEED_RESULTS)
-    args = parser.parse_args()
-    if args.case is not None:
-        print_case_result(grid_case(args.case, step_of))
+
+
+def main() -> None:
+    parsed = grid_cli(__doc__, 'vit', step_of, write_outputs, arguments)
+    if parsed is None:
         return
-    if args.report_only:
-        stem = 'vit' if args.device == 'cpu' else 'vit_cuda'
-        write_outputs(report.read_json(osp.join(args.out, stem + '.json')), args.out)
-        return
+    args, args.stem = parsed
     args.commit = code_version()  # taken at the start: a commit landing meanwhile is not it
     sweep(args)
-    print(open(osp.join(args.out, 'vit.md' if args.device == 'cpu' else 'vit_cuda.md')).read())
+    print(open(args.stem + '.md').read())
 
 
 if __name__ == '__main__':

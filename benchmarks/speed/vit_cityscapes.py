@@ -15,7 +15,6 @@ docs/vit.md.
     python -m benchmarks.speed.vit_cityscapes                  # make vit-bench runs it after vit.py
     python -m benchmarks.speed.vit_cityscapes --cases nala_whole nala_slide --out /tmp/x
 """
-import argparse
 import os
 import os.path as osp
 from typing import Dict
@@ -23,15 +22,13 @@ from typing import Dict
 import torch
 
 from nala_mm.analysis.measure import (
-    add_case_argument,
     available_mib,
     device_name,
-    print_case_result,
 )
 
 from ..lib import report
-from ..lib.grid import grid_case, run_grid
-from ..lib.paths import REPO, SPEED_RESULTS
+from ..lib.grid import grid_cli, run_grid
+from ..lib.paths import REPO
 from ..lib.provenance import code_version
 
 NALA = osp.join(REPO, 'configs', 'swap', 'cityscapes_setr_vit-l_naive_nala-all.py')
@@ -111,8 +108,9 @@ def predicted_mib(name: str) -> float:
     return (2 * 16 + 1) * tokens ** 2 * 4 / 2 ** 20
 
 
-def write_outputs(saved: dict, out: str) -> None:
-    os.makedirs(out, exist_ok=True)
+def write_outputs(saved: dict, stem: str) -> None:
+    """``stem.json`` (``saved``, with the ratios) and the page ``stem.md``."""
+    os.makedirs(osp.dirname(stem), exist_ok=True)
     rows = saved['rows']
     by = {r['case']: r for r in rows}
     reference = by.get('stock_slide', {})
@@ -121,7 +119,6 @@ def write_outputs(saved: dict, out: str) -> None:
             if row.get('ms') and reference.get('ms') else None
         row['mib_vs_stock_slide'] = row['mib'] / reference['mib'] \
             if row.get('mib') and reference.get('mib') else None
-    stem = osp.join(out, 'vit_cityscapes')
     report.write_json(stem + '.json', saved)
     lines = [f"# SETR-Naive ViT-L: whole-image vs sliding-window inference ({saved['device']})",
              '', f"torch {saved['torch']}; one image, batch 1, random weights, "
@@ -139,29 +136,23 @@ def write_outputs(saved: dict, out: str) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_case_argument(parser)
-    report.add_report_only_argument(parser, 'vit_cityscapes')
-    parser.add_argument('--cases', nargs='+', choices=list(CASES), default=list(CASES))
-    parser.add_argument('--out', default=SPEED_RESULTS)
-    args = parser.parse_args()
-    if args.case is not None:
-        print_case_result(grid_case(args.case, step_of))
+    parsed = grid_cli(__doc__, 'vit_cityscapes', step_of, write_outputs,
+                      lambda parser: parser.add_argument('--cases', nargs='+', choices=list(CASES),
+                                                         default=list(CASES)),
+                      devices=False)  # the CPU's memory limit is what the cases are about
+    if parsed is None:
         return
-    if args.report_only:
-        write_outputs(report.read_json(osp.join(args.out, 'vit_cityscapes.json')), args.out)
-        return
+    args, stem = parsed
     budget = available_mib('cpu') - SAFETY_MIB
     saved = dict(commit=code_version(), device=device_name('cpu'), torch=torch.__version__,
                  warmup=0, rows=[])
 
     def save(rows):  # after each case: an interrupted run keeps what it measured
-        write_outputs(dict(saved, rows=rows), args.out)
+        write_outputs(dict(saved, rows=rows), stem)
     run_grid(__spec__.name, [(dict(), [name]) for name in args.cases], repeats=1, warmup=0,
              device='cpu', predict=predictor(budget), limit_mib=budget + 3072, describe=describe,
              after_case=save, desc='SETR')
-    print(open(osp.join(args.out, 'vit_cityscapes.md')).read())
+    print(open(stem + '.md').read())
 
 
 if __name__ == '__main__':
