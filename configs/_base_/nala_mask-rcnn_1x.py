@@ -1,8 +1,8 @@
 # Mask R-CNN + NaLaFormer-T on COCO, 1x (12 epochs), 8 GPUs x 2 images.
 _base_ = [
     'mmdet::_base_/models/mask-rcnn_r50_fpn.py', './models/nalaformer-t.py',
-    'mmdet::_base_/datasets/coco_instance.py', 'mmdet::_base_/schedules/schedule_1x.py',
-    'mmdet::_base_/default_runtime.py', './nala_runtime.py', './nala_det_tta.py'
+    'mmdet::_base_/datasets/coco_instance.py', './schedules/nala_det_1x.py',
+    'mmdet::_base_/default_runtime.py', './nala_det_tta.py'
 ]
 # nala_mm registers the models; nala_mm.compat the host changes the tools rely on (resume
 # under weights-only loading, atomic checkpoints, CPU torchrun, data checks).
@@ -18,17 +18,4 @@ model = dict(
         norm_eval=True),
     neck=dict(in_channels=[64, 128, 256, 512]))
 
-max_epochs = 12
-train_cfg = dict(max_epochs=max_epochs)
-param_scheduler = [
-    dict(type='LinearLR', start_factor=0.001, by_epoch=False, begin=0, end=1000),
-    dict(type='MultiStepLR', begin=0, end=max_epochs, by_epoch=True, milestones=[8, 11],
-         gamma=0.1),
-]
-optim_wrapper = dict(
-    type='OptimWrapper',
-    optimizer=dict(_delete_=True, type='AdamW', lr=1e-4, betas=(0.9, 0.999), weight_decay=0.05),
-    paramwise_cfg={{_base_.nala_no_decay}})
 train_dataloader = dict(batch_size=2)  # x 8 GPUs = 16 images per iteration
-# the batch the learning rate is set for (tools/train.py --auto-scale-lr scales it)
-auto_scale_lr = dict(enable=False, base_batch_size=16)
