@@ -101,6 +101,9 @@ def run_grid(module: str, cases: Sequence[Case], *, repeats: int, warmup: int, d
                        ms_ratio=result.get('ms_ratio'), times_ms=result.get('times_ms'))
             if 'error' in timing:
                 row['error'] = timing['error']
+        for row in mine:  # every row has the time fields (None where nothing was timed)
+            for key in ('ms', 'ms_best', 'ms_ratio', 'times_ms'):
+                row.setdefault(key, None)
         rows += mine
         if after_case is not None:
             after_case(rows)

@@ -181,7 +181,8 @@ def sweep_cli(module: str, doc: str, stem: str, models: Dict[str, dict], make_st
 def write_sweep(path: str, saved: dict, description: str) -> None:
     """``path.json`` (``saved``), its page ``path.md`` and its plot ``path.png``."""
     models = {name: dict(label=label) for name, label in saved['models'].items()}
-    reference = models[saved['reference']]['label']
+    # the reference's label even when --models left it out (its ratios are then empty)
+    reference = saved['models'].get(saved['reference'], saved['reference'])
     header = [f"# {description} ({saved['device']})", '',
               f"torch {saved['torch']}; time: the models at one mode and size timed in turns "
               f"in one process, {saved['repeats']} rounds after {saved['warmup']} warm-up "

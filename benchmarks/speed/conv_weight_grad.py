@@ -11,6 +11,7 @@ Discussed in docs/speed.md.
 
     python -m benchmarks.speed.conv_weight_grad [--repeats 5]   # make conv-bench
 """
+import functools
 import os
 
 import torch
@@ -30,6 +31,7 @@ CASES += [(f'LePE 5x5 dw, {c} ch', c, c, 5, 1, side)
 BATCH = 2
 
 
+@functools.lru_cache(maxsize=1)  # both paths of a case get the same tensors
 def case_steps(cin: int, cout: int, kernel: int, stride: int, side: int):
     groups = cin if cin == cout and kernel == 5 else 1
     x = torch.randn(BATCH, side, side, cin).permute(0, 3, 1, 2)  # channels-last view
@@ -62,12 +64,13 @@ def write_outputs(saved: dict, stem: str) -> None:
              f"nala_mm.ops.conv_weight_grad timed in turns, {saved['repeats']} rounds; speed-up = "
              'median of the per-round ratios.', '']
     lines += report.markdown_table(['case', 'map side', 'oneDNN ms', 'ours ms', 'speed-up'],
-                            [[r['case'], r['side'], f"{r['onednn_ms']:.1f}",
-                              f"{r['ours_ms']:.1f}", f"{r['speedup']:.2f}"] for r in rows])
+                            [[r['case'], r['side'], report.fmt(r['onednn_ms']),
+                              report.fmt(r['ours_ms']), report.fmt(r['speedup'], 2)]
+                             for r in rows])
     report.write_markdown(stem + '.md', lines)
     plt = report.pyplot()
     fig, ax = plt.subplots(figsize=(9, 4))
-    ax.barh([f"{r['case']} @ {r['side']}²" for r in rows], [r['speedup'] for r in rows])
+    ax.barh([f"{r['case']} @ {r['side']}²" for r in rows], [r['speedup'] or 0 for r in rows])
     ax.axvline(1.0, color='k', lw=0.8)
     ax.set_xlabel('speed-up over oneDNN (median of per-round ratios)')
     ax.invert_yaxis()

@@ -165,7 +165,8 @@ def attention_stats(variant: str, config: str, checkpoint: str, image: str,
     """:func:`stats_case` in a fresh process (a trained model per variant, none kept here)."""
     result = run_case(__spec__.name, dict(config=config, checkpoint=checkpoint, image=image,
                                           seed=seed),
-                      env=dict(PYTHONWARNINGS='ignore', PYTHONPATH=REPO))
+                      env=dict(PYTHONWARNINGS='ignore',
+                               PYTHONPATH=REPO + os.pathsep + os.environ.get('PYTHONPATH', '')))
     return dict(variant=variant, error=result['error']) if 'error' in result else \
         dict(result, variant=variant)
 
