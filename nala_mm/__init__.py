@@ -7,7 +7,7 @@ changes nothing else. The host changes the project's tools rely on (checkpoints 
 weights-only loading, atomic writes, CPU ``torchrun``, data checks) are opt-in:
 ``imports=['nala_mm', 'nala_mm.compat']`` (see :mod:`nala_mm.compat`).
 """
-from . import amp, hooks, models  # noqa: F401  (registration)
+from . import amp, hooks, models, optim  # noqa: F401  (registration)
 from .models import (
                      GatedAttention,
                      LinearAttention,

@@ -1,5 +1,5 @@
 """Backbone, token mixers, their specs, and the stock backbones with NaLa swapped in."""
-from . import swap  # noqa: E402  (registers the swapped stock backbones)
+from . import simple_fpn, swap  # noqa: E402  (register ViTDet's neck, the swapped backbones)
 from .mixer_specs import DEFAULT_HYBRID, SHORTHANDS, build_mixer, mixer_config
 from .mixers import (
                      GatedAttention,
@@ -11,8 +11,11 @@ from .mixers import (
 )
 from .nalaformer import ARCH_SETTINGS, NaLaFormer
 from .pretrained import PRETRAINED, checkpoint_filter, load_pretrained
+from .simple_fpn import LayerNorm2d, SimpleFPN
+from .window_attention import WindowSoftmaxAttention
 
 __all__ = ['GatedAttention', 'KernelizedMixer', 'NormAwareLinearAttention', 'LinearAttention',
            'SoftmaxAttention', 'IdentityAttention', 'DEFAULT_HYBRID', 'SHORTHANDS',
            'build_mixer', 'mixer_config', 'NaLaFormer', 'ARCH_SETTINGS', 'PRETRAINED',
-           'checkpoint_filter', 'load_pretrained', 'swap']
+           'checkpoint_filter', 'load_pretrained', 'swap', 'WindowSoftmaxAttention',
+           'SimpleFPN', 'LayerNorm2d']

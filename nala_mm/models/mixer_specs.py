@@ -17,6 +17,11 @@ from typing import Dict, List, Optional, Sequence, Union
 from mmengine.registry import MODELS
 
 from .mixers import GatedAttention
+from .window_attention import WindowSoftmaxAttention
+
+# What a token mixer subclasses: the shared gated wrapper, or ViTDet's plain softmax attention
+# (a stock ViT's qkv/proj, in windows or global).
+MIXER_BASES = (GatedAttention, WindowSoftmaxAttention)
 
 MixerEntry = Union[str, dict]
 
@@ -26,6 +31,9 @@ SHORTHANDS: Dict[str, dict] = {
     'nala': dict(type='NormAwareLinearAttention'),
     'linear': dict(type='LinearAttention'),
     'softmax': dict(type='SoftmaxAttention'),
+    # ViTDet's blocks: stock softmax attention in 14 x 14 windows, or global through SDPA
+    'window': dict(type='WindowSoftmaxAttention', window_size=14),
+    'sdpa': dict(type='WindowSoftmaxAttention', window_size=0),
 }
 # In a swapped stock backbone: the entry that keeps the stock attention module.
 KEEP_STOCK = 'softmax'
@@ -79,10 +87,10 @@ def build_mixer(cfg: dict, embed_dims: int, num_heads: int,
     backbone's (:mod:`nala_mm.ops.mode`), unless ``None``. A config that names another mode
     than its backbone is refused: one switch means one thing."""
     cls = MODELS.get(cfg['type']) if isinstance(cfg['type'], str) else cfg['type']
-    if cls is not None and not (isinstance(cls, type) and issubclass(cls, GatedAttention)):
+    if cls is not None and not (isinstance(cls, type) and issubclass(cls, MIXER_BASES)):
         raise TypeError(f'mixer {cfg["type"]!r} built a {getattr(cls, "__name__", cls)}; a '
                         f'token mixer must subclass nala_mm.models.GatedAttention (the shared '
-                        f'qkvg/LePE/gate wrapper)')
+                        f'qkvg/LePE/gate wrapper) or WindowSoftmaxAttention')
     if mode is not None:
         if cfg.get('mode', mode) != mode:
             raise ValueError(f'mixer {cfg} sets mode={cfg["mode"]!r} inside a backbone built '

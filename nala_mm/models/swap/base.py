@@ -93,36 +93,13 @@ def carry_over(state_dict: Mapping[str, Tensor], model_state: Mapping[str, Tenso
         source, target = f'{name}.', f'{name}.mixer.'
         under_source = sorted(k for k in state if k.startswith(source)
                               and not k.startswith(target))
-        if f'{target}qkvg.weight' in state:
+        stock_layout = f'{target}qkv.weight' in model_state  # ViTDet's window mixer
+        if f'{target}{"qkv" if stock_layout else "qkvg"}.weight' in state:
             report.already_swapped.append(name)
-        carried, new = [], []
-        qkvg_w = model_state[f'{target}qkvg.weight'].clone()
-        qkvg_b = model_state[f'{target}qkvg.bias'].clone()
-        width = qkvg_w.shape[1]
-        if source + layout.qkv_weight in state:
-            weight = state.pop(source + layout.qkv_weight)
-            _check_shape(source + layout.qkv_weight, weight, (3 * width, width))
-            qkvg_w[:3 * width] = weight
-            carried.append((source + layout.qkv_weight, f'{target}qkvg.weight[:{3 * width}]'))
-            if source + layout.qkv_bias in state:
-                bias = state.pop(source + layout.qkv_bias)
-                _check_shape(source + layout.qkv_bias, bias, (3 * width,))
-                qkvg_b[:3 * width] = bias
-                carried.append((source + layout.qkv_bias, f'{target}qkvg.bias[:{3 * width}]'))
-            else:  # the upstream projection has no bias: the same function has zero bias rows
-                qkvg_b[:3 * width] = 0
-                carried.append(('(no q/k/v bias upstream: zeros)',
-                                f'{target}qkvg.bias[:{3 * width}]'))
-            state[f'{target}qkvg.weight'] = qkvg_w
-            state[f'{target}qkvg.bias'] = qkvg_b
-            new += [f'{target}qkvg.weight[{3 * width}:]', f'{target}qkvg.bias[{3 * width}:]']
-        for src, dst in ((layout.proj_weight, 'out_proj.weight'),
-                         (layout.proj_bias, 'out_proj.bias')):
-            if source + src in state:
-                value = state.pop(source + src)
-                _check_shape(source + src, value, tuple(model_state[target + dst].shape))
-                state[target + dst] = value
-                carried.append((source + src, target + dst))
+        if stock_layout:
+            carried, new = _carry_as_is(state, model_state, source, target, layout), []
+        else:
+            carried, new = _carry_into_qkvg(state, model_state, source, target, layout)
         if carried:
             mixer_keys = [k for k in model_state if k.startswith(target)]
             filled = {t.split('[')[0] for _, t in carried}
@@ -133,6 +110,56 @@ def carry_over(state_dict: Mapping[str, Tensor], model_state: Mapping[str, Tenso
             del state[key]
         report.new[name] = new
     return state, report
+
+
+def _carry_as_is(state: Dict[str, Tensor], model_state: Mapping[str, Tensor], source: str,
+                 target: str, layout: AttentionLayout) -> List[Tuple[str, str]]:
+    """A mixer in the stock layout (``qkv``, ``proj``): the tensors move unchanged."""
+    carried = []
+    for src, dst in ((layout.qkv_weight, 'qkv.weight'), (layout.qkv_bias, 'qkv.bias'),
+                     (layout.proj_weight, 'proj.weight'), (layout.proj_bias, 'proj.bias')):
+        if source + src in state and target + dst in model_state:
+            value = state.pop(source + src)
+            _check_shape(source + src, value, tuple(model_state[target + dst].shape))
+            state[target + dst] = value
+            carried.append((source + src, target + dst))
+    return carried
+
+
+def _carry_into_qkvg(state: Dict[str, Tensor], model_state: Mapping[str, Tensor], source: str,
+                     target: str, layout: AttentionLayout
+                     ) -> Tuple[List[Tuple[str, str]], List[str]]:
+    """A gated mixer: q | k | v into ``qkvg``'s first 3C rows, the projection into
+    ``out_proj``; the gate rows are new."""
+    carried, new = [], []
+    qkvg_w = model_state[f'{target}qkvg.weight'].clone()
+    qkvg_b = model_state[f'{target}qkvg.bias'].clone()
+    width = qkvg_w.shape[1]
+    if source + layout.qkv_weight in state:
+        weight = state.pop(source + layout.qkv_weight)
+        _check_shape(source + layout.qkv_weight, weight, (3 * width, width))
+        qkvg_w[:3 * width] = weight
+        carried.append((source + layout.qkv_weight, f'{target}qkvg.weight[:{3 * width}]'))
+        if source + layout.qkv_bias in state:
+            bias = state.pop(source + layout.qkv_bias)
+            _check_shape(source + layout.qkv_bias, bias, (3 * width,))
+            qkvg_b[:3 * width] = bias
+            carried.append((source + layout.qkv_bias, f'{target}qkvg.bias[:{3 * width}]'))
+        else:  # the upstream projection has no bias: the same function has zero bias rows
+            qkvg_b[:3 * width] = 0
+            carried.append(('(no q/k/v bias upstream: zeros)',
+                            f'{target}qkvg.bias[:{3 * width}]'))
+        state[f'{target}qkvg.weight'] = qkvg_w
+        state[f'{target}qkvg.bias'] = qkvg_b
+        new += [f'{target}qkvg.weight[{3 * width}:]', f'{target}qkvg.bias[{3 * width}:]']
+    for src, dst in ((layout.proj_weight, 'out_proj.weight'),
+                     (layout.proj_bias, 'out_proj.bias')):
+        if source + src in state:
+            value = state.pop(source + src)
+            _check_shape(source + src, value, tuple(model_state[target + dst].shape))
+            state[target + dst] = value
+            carried.append((source + src, target + dst))
+    return carried, new
 
 
 def _check_shape(key: str, value: Tensor, expected: Tuple[int, ...]) -> None:

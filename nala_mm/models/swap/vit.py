@@ -16,7 +16,11 @@ weights: this is where a linear-cost mixer changes the cost class. What is ViT-s
   ``layers.{i}.attn.attn.in_proj_weight``; the positional embedding is resized to the model's
   grid as the parent does.
 
-Registered: ``NaLaVisionTransformer`` in mmseg's registry.
+* **Detection.** ViTDet's backbone is this class with ``with_cls_token=False`` and
+  ``out_indices=(num_layers - 1,)``: the last layer's stride-16 map, which ``SimpleFPN`` takes;
+  its window blocks are ``'window'`` mixers (:mod:`nala_mm.models.window_attention`).
+
+Registered: ``NaLaVisionTransformer`` in mmseg's and in mmdet's registry (the same class).
 """
 from typing import Dict, Mapping, Optional, Sequence, Tuple
 
@@ -91,6 +95,12 @@ class ViTLayers(SwappedAttentionMixin):
     def _after_swap(self):
         self._freeze()  # the parent froze before the mixers existed
 
+    def train(self, mode: bool = True) -> 'ViTLayers':
+        """As the parent (``norm_eval`` applied), returning the module as every ``nn.Module``
+        does (mmseg's ``VisionTransformer.train`` returns ``None``)."""
+        super().train(mode)
+        return self
+
     def before_blocks(self, inputs: Tensor) -> None:
         """The patch grid of ``inputs`` for layers called on their own (patch_embed's hook)."""
         with torch.no_grad():
@@ -110,6 +120,7 @@ class ViTLayers(SwappedAttentionMixin):
         return state
 
 
+@register_model(scope='mmdet', name='NaLaVisionTransformer')  # ViTDet (docs/vitdet.md)
 @register_model(scope='mmseg')
 class NaLaVisionTransformer(ViTLayers, VisionTransformer):
     """mmseg's ``VisionTransformer`` with a token mixer per layer.
@@ -118,7 +129,8 @@ class NaLaVisionTransformer(ViTLayers, VisionTransformer):
         mixers: one entry per layer (``num_layers`` of them, no default): ``'softmax'`` keeps
             the layer's stock ``MultiheadAttention``; ``'nala'``, ``'linear'`` or a registered
             mixer's config put that mixer, attending over the class token and the whole patch
-            grid with LePE and 2D RoPE on the grid, in its place.
+            grid with LePE and 2D RoPE on the grid, in its place; ``'window'`` and ``'sdpa'``
+            are ViTDet's stock softmax in 14 x 14 windows and globally through SDPA.
         mode: ``'fast'`` or ``'reference'`` for every swapped layer's mixer
             (:mod:`nala_mm.ops.mode`).
         **kwargs: every argument of mmseg's ``VisionTransformer``. A ``Pretrained`` ``init_cfg``
