@@ -85,7 +85,8 @@ def _backbone(cfg) -> str:
         return 'NaLaFormer' if isinstance(backbone.arch, dict) else \
             f'NaLaFormer-{backbone.arch.upper()}'
     if backbone.type in ('NaLaVisionTransformer', 'VisionTransformer'):
-        return {384: 'DeiT-S' if 'deit' in cfg.filename else 'ViT-S', 1024: 'ViT-L'}.get(
+        return {384: 'DeiT-S' if 'deit' in cfg.filename else 'ViT-S', 768: 'ViT-B',
+                1024: 'ViT-L'}.get(
             backbone.embed_dims, 'ViT')
     return BACKBONES[backbone.type]
 
@@ -99,15 +100,18 @@ def test_each_metafile_entry_describes_its_config(entry):
     assert architecture[1].startswith(HEADS[_head(cfg)]), (architecture, _head(cfg))
     assert meta['Schedule'] == _schedule(cfg)
     assert meta['Batch Size'] == cfg.auto_scale_lr.base_batch_size
-    data_root = cfg.train_dataloader.dataset.data_root
+    dataset = cfg.train_dataloader.dataset
+    dataset = dataset.dataset if dataset.type == 'RepeatDataset' else dataset  # (LSJ's)
+    data_root = dataset.data_root
     if 'demo' in data_root or 'longrange' in data_root:
         assert meta['Training Data'].startswith('generated'), meta['Training Data']
     else:
-        assert meta['Training Data'] == DATASETS[cfg.train_dataloader.dataset.type]
+        assert meta['Training Data'] == DATASETS[dataset.type]
     crop = meta['Crop Size']
-    pipeline = cfg.train_dataloader.dataset.pipeline
+    pipeline = dataset.pipeline
     if any(t.type == 'RandomCrop' for t in pipeline):
-        assert crop == 'x'.join(map(str, cfg.crop_size))
+        size = cfg.crop_size if 'crop_size' in cfg else cfg.image_size
+        assert crop.split(' ')[0] == 'x'.join(map(str, size))
     else:  # no crop: the sizes the entry names are the pipeline's resize scales or image size
         assert crop.startswith('none'), crop
         sizes = set(map(str, cfg.get('image_size', ())))

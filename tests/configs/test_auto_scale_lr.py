@@ -20,6 +20,8 @@ def recipe_processes(path: str) -> int:
     name = osp.basename(path)
     if '/demo/' in path or '/longrange/' in path:
         return 1  # one CPU process
+    if '_vitdet-' in name:
+        return 32  # ViTDet's recipe: 32 GPUs x 2 images
     if name.endswith('_fpn.py'):
         return 4  # configs/_base_/nala_fpn.py: 4 GPUs x 4 images
     return 8  # the UperNet, Mask R-CNN and RetinaNet recipes, and the stock ones in swap/

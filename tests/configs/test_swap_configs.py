@@ -82,7 +82,9 @@ def unscoped(value):
 
 
 def test_every_config_is_listed():
-    assert sorted(osp.basename(p) for p in glob.glob(str(SWAP / '*.py'))) == sorted(EXPECTED)
+    """ViTDet has no stock mmdet config to differ from: test_vitdet_configs.py checks it."""
+    names = [osp.basename(p) for p in glob.glob(str(SWAP / '*.py'))]
+    assert sorted(n for n in names if '_vitdet-' not in n) == sorted(EXPECTED)
 
 
 @pytest.mark.parametrize('name', sorted(EXPECTED))

@@ -277,8 +277,8 @@ def test_bad_input_is_named(tmp_path):
     with pytest.raises(ValueError, match=r'mixers needs 4 entries \(one per stage\)'):
         SegNaLaSwinTransformer(mixers=('nala',) * 3, **SWIN_ARGS)
     with pytest.raises(ValueError,
-                       match="unknown mixer 'window'; expected 'softmax' \\(the stock attention"):
-        SegNaLaSwinTransformer(mixers=('window',) * 4, **SWIN_ARGS)
+                       match="unknown mixer 'windows'; expected 'softmax' \\(the stock attention"):
+        SegNaLaSwinTransformer(mixers=('windows',) * 4, **SWIN_ARGS)
     with pytest.raises(ValueError, match='remove embed_dims'):
         SegNaLaSwinTransformer(mixers=(dict(type='LinearAttention', num_heads=2),) * 4,
                                 **SWIN_ARGS)

@@ -229,8 +229,8 @@ def test_mixers_is_required_and_names_the_layer_count():
         NaLaVisionTransformer(**VIT)
     with pytest.raises(ValueError, match=r'mixers needs 3 entries \(one per layer\)'):
         NaLaVisionTransformer(mixers=('nala',) * 12, **VIT)
-    with pytest.raises(ValueError, match="unknown mixer 'window'"):
-        NaLaVisionTransformer(mixers=('nala', 'window', 'softmax'), **VIT)
+    with pytest.raises(ValueError, match="unknown mixer 'windows'"):
+        NaLaVisionTransformer(mixers=('nala', 'windows', 'softmax'), **VIT)
     assert SEG_MODELS.get('NaLaVisionTransformer') is NaLaVisionTransformer
 
 
