@@ -82,7 +82,7 @@ class ViTLayerDecayOptimWrapperConstructor(DefaultOptimWrapperConstructor):
                 layer_id=layer, lr_scale=scale))
             group['params'].append(param)
         params.extend(groups[key] for key in sorted(groups))
+        lowest = self.base_lr * self.decay_rate ** (num_layers + 1)
         MMLogger.get_current_instance().info(
-            f'layer decay {self.decay_rate}: {len(groups)} parameter groups over '
-            f'{num_layers} ViT layers (rates {self.base_lr * self.decay_rate ** (num_layers + 1):.3g}'
-            f' .. {self.base_lr:.3g})')
+            f'layer decay {self.decay_rate}: {len(groups)} parameter groups over {num_layers} '
+            f'ViT layers (rates {lowest:.3g} .. {self.base_lr:.3g})')

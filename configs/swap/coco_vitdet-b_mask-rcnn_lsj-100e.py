@@ -22,7 +22,8 @@ model = dict(
         _delete_=True,
         type='NaLaVisionTransformer',
         img_size=image_size, patch_size=16, embed_dims=768, num_layers=12, num_heads=12,
-        mlp_ratio=4, qkv_bias=True, patch_bias=True, drop_path_rate=0.1, norm_cfg=dict(type='LN', eps=1e-6),
+        mlp_ratio=4, qkv_bias=True, patch_bias=True, drop_path_rate=0.1,
+        norm_cfg=dict(type='LN', eps=1e-6),
         with_cls_token=False, final_norm=False, out_indices=(11,),
         mixers=vitdet_layout,
         # MAE's ViT-B (mae_pretrain_vit_base.pth, timm layout) after mmseg's

@@ -1,5 +1,5 @@
 """Backbone, token mixers, their specs, and the stock backbones with NaLa swapped in."""
-from . import simple_fpn, swap  # noqa: E402  (register ViTDet's neck, the swapped backbones)
+from . import swap  # noqa: E402  (registers the swapped stock backbones)
 from .mixer_specs import DEFAULT_HYBRID, SHORTHANDS, build_mixer, mixer_config
 from .mixers import (
                      GatedAttention,
