@@ -5,7 +5,7 @@ export PYTHONUNBUFFERED := 1
 
 .PHONY: setup lint test test-unit test-extended test-e2e test-cuda demo demo-det docs dist \
 	clean-demo longrange-data bench backbone-bench segmentor-bench swap-bench vit-bench \
-	vit-cityscapes-bench amp-bench conv-bench deploy-bench ablation out-norm-study swap-study \
+	vit-cityscapes-bench vitdet-bench amp-bench conv-bench deploy-bench ablation out-norm-study swap-study \
 	linearize linearize-choices linearize-iterations demo-results longrange flops-table
 
 setup:
@@ -78,6 +78,10 @@ vit-bench: setup
 # SETR ViT-L whole vs sliding-window inference at Cityscapes' size.
 vit-cityscapes-bench: setup
 	$(PY) -m benchmarks.speed.vit_cityscapes
+
+# ViTDet-B: windows, global softmax and NaLa, backbone + SimpleFPN and the whole Mask R-CNN.
+vitdet-bench: setup
+	$(PY) -m benchmarks.speed.vitdet
 
 # bf16 autocast against fp32, a training step of the demo segmentor.
 amp-bench: setup

@@ -357,3 +357,25 @@ def test_nala_vit_counts_every_nala_layer_with_its_class_token():
     tokens, heads, d = 21, 2, 32
     assert count.by_operator['attn_matmul'] == 2 * heads * (4 * tokens * d ** 2 + 2 * tokens * d)
     assert count.attention > count.by_operator['attn_matmul']  # element-wise work on top
+
+
+def test_vitdet_blocks_count_windows_and_nala_per_block():
+    """ViTDet's layout at 128 x 176: an 8 x 11 patch grid, 64 channels, two heads of 32. A
+    window-4 block pads the grid to 8 x 12 (six windows of 16 tokens) and projects the padded
+    tokens; its SDPA does 2 * 16^2 * d per window and head. A NaLa block: 4*N*d^2 + 2*N*d matmul
+    work per head over the 88 tokens; a global SDPA block 2 * N^2 * d per head."""
+    from nala_mm.models.swap import NaLaVisionTransformer
+    window = dict(type='WindowSoftmaxAttention', window_size=4)
+    model = NaLaVisionTransformer(mixers=(window, 'nala', 'sdpa'), img_size=(128, 176),
+                                  embed_dims=64, num_layers=3, num_heads=2, mlp_ratio=2,
+                                  with_cls_token=False)
+    model.eval()
+    count = count_flops(model, (torch.randn(1, 3, 128, 176),), max_depth=4)
+    tokens, padded, heads, d, c = 88, 96, 2, 32, 64
+    window_sdpa = 6 * heads * 16 * 16 * 2 * d
+    global_sdpa = heads * tokens * tokens * 2 * d
+    assert count.by_operator['sdpa'] == window_sdpa + global_sdpa
+    assert count.by_operator['attn_matmul'] == heads * (4 * tokens * d ** 2 + 2 * tokens * d)
+    per_block = count.by_module
+    assert per_block['layers.0.attn.mixer'] == padded * c * 3 * c + window_sdpa + tokens * c * c
+    assert per_block['layers.2.attn.mixer'] == tokens * c * 3 * c + global_sdpa + tokens * c * c

@@ -13,6 +13,7 @@ from torch import nn
 
 from nala_mm.models import SimpleFPN, WindowSoftmaxAttention
 from nala_mm.models.swap import NaLaVisionTransformer
+from tests.helpers import DEVICES
 
 
 def windowed_reference(x, qkv_w, qkv_b, proj_w, proj_b, heads, window):
@@ -41,13 +42,14 @@ def windowed_reference(x, qkv_w, qkv_b, proj_w, proj_b, heads, window):
     return out[:, :height, :width]
 
 
+@pytest.mark.parametrize('device', DEVICES)
 @pytest.mark.parametrize('mode', ['fast', 'reference'])
 @pytest.mark.parametrize('side', [4, 0])
-def test_window_mixer_matches_an_independent_windowed_attention(mode, side):
+def test_window_mixer_matches_an_independent_windowed_attention(mode, side, device):
     """A 9 x 11 grid in windows of 4 pads to 12 x 12; side 0 is one window over the grid."""
     torch.manual_seed(0)
-    mixer = WindowSoftmaxAttention(32, 4, window_size=side, mode=mode).double()
-    x = torch.randn(2, 9, 11, 32, dtype=torch.double, requires_grad=True)
+    mixer = WindowSoftmaxAttention(32, 4, window_size=side, mode=mode).double().to(device)
+    x = torch.randn(2, 9, 11, 32, dtype=torch.double, device=device, requires_grad=True)
     ours = mixer(x)
     params = [mixer.qkv.weight, mixer.qkv.bias, mixer.proj.weight, mixer.proj.bias]
     theirs = windowed_reference(x, *params, heads=4, window=(side, side) if side else (9, 11))
@@ -59,9 +61,21 @@ def test_window_mixer_matches_an_independent_windowed_attention(mode, side):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11, msg=name)
     if side:  # the padded tokens are keys, unmasked: the corner's 1 x 3 window attending
         # among its own three tokens alone gives other numbers
-        alone = WindowSoftmaxAttention(32, 4, window_size=0).double()
+        alone = WindowSoftmaxAttention(32, 4, window_size=0).double().to(device)
         alone.load_state_dict(mixer.state_dict())
         assert not torch.allclose(ours[:, 8:, 8:], alone(x[:, 8:, 8:].contiguous()), atol=1e-3)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='no CUDA device')
+def test_window_mixer_under_fp16_autocast_on_cuda():
+    """SDPA's fused half-precision kernels within the padded windows, against float32."""
+    mixer = WindowSoftmaxAttention(64, 2, window_size=14).cuda()
+    x = torch.randn(2, 30, 45, 64, device='cuda')
+    with torch.autocast('cuda', dtype=torch.float16):
+        half = mixer(x)
+    assert half.dtype == torch.float16
+    torch.testing.assert_close(half.float(), mixer(x), rtol=2e-2, atol=2e-2)
 
 
 def tiny_vit(mixers, **kwargs) -> NaLaVisionTransformer:
