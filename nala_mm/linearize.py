@@ -3,7 +3,9 @@ softmax-trained original computes, without labels, before any fine-tuning (``too
 docs/linearize.md).
 
 The *teacher* is the swapped backbone's stock parent, built with the same arguments (minus
-``mixers``) and holding the stock checkpoint's weights, frozen. The *student* is the swapped
+``mixers``) and holding the stock checkpoint's weights, frozen; for a checkpoint trained in a
+layout of mixers of its own (ViTDet's windows), the backbone of the config it was trained with
+(:func:`load_swapped_teacher`, ``tools/linearize.py --teacher-config``). The *student* is the swapped
 backbone with those weights carried over (:meth:`SwappedAttentionMixin.carry_over_checkpoint`).
 Both see the same images; only the student's swapped mixers train, everything else keeps the
 teacher's values (both run in eval mode: BatchNorm statistics and dropout as trained).
@@ -80,6 +82,20 @@ def build_teacher(student: SwappedAttentionMixin, backbone_cfg: Mapping) -> nn.M
     kwargs = {k: v for k, v in backbone_cfg.items()
               if k not in ('type', 'mixers', 'mode', 'init_cfg', 'pretrained')}
     return student.stock_parent()(**kwargs)
+
+
+def load_swapped_teacher(teacher: SwappedAttentionMixin, checkpoint: Mapping,
+                         source: str) -> None:
+    """Load a checkpoint into a teacher that is itself a swapped backbone (ViTDet's windows,
+    built from the config the checkpoint was trained with): every tensor must fit."""
+    state, _ = teacher.carry_over_checkpoint(checkpoint, source)
+    own = teacher.state_dict()
+    missing = [k for k in own if k not in state]
+    if missing:
+        raise ValueError(f'{source} is not a checkpoint of the teacher config\'s backbone: '
+                         f'{len(missing)} of its {len(own)} tensors missing (first: '
+                         f'{missing[:4]})')
+    teacher.load_state_dict({k: state[k] for k in own}, strict=True)
 
 
 def load_teacher(teacher: nn.Module, student: SwappedAttentionMixin, checkpoint: Mapping,

@@ -3,10 +3,12 @@ stock backbone's blocks, without labels (attention transfer, nala_mm.linearize; 
 
     python tools/linearize.py CONFIG CHECKPOINT --out OUT.pth [--iters N] [--lr LR]
         [--report FILE.json] [--target block|attention] [--inputs teacher|sequence]
-        [--params mixer|new] [--held-out K] [--device cpu|cuda] [--cfg-options k=v ...]
+        [--params mixer|new] [--held-out K] [--teacher-config CONFIG] [--device cpu|cuda]
+        [--cfg-options k=v ...]
 
 CONFIG is a swapped config (configs/swap/ or your own with a NaLa* backbone of
-nala_mm.models.swap). CHECKPOINT is the stock model's:
+nala_mm.models.swap). CHECKPOINT is the stock model's (or, with ``--teacher-config``, the model
+of that config: ViTDet's stock layout, whose teacher keeps its windows):
 
 * a whole segmentor or detector of the stock config (keys ``backbone.*`` and the heads): OUT is
   the whole swapped model with the teacher's heads, for ``load_from`` (or ``tools/test.py``);
@@ -42,6 +44,7 @@ from nala_mm.linearize import (
     TransferOptions,
     build_teacher,
     linearize,
+    load_swapped_teacher,
     load_teacher,
     split_whole_model,
     swapped_blocks,
@@ -69,6 +72,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument('--held-out', type=int, default=4,
                         help='training batches, drawn first, on which the errors are reported')
     parser.add_argument('--report', help='the JSON report (default: OUT with .json)')
+    parser.add_argument('--teacher-config',
+                        help="the config CHECKPOINT was trained with, when its backbone is not "
+                             "CONFIG's stock parent (ViTDet's windows: "
+                             'configs/swap/coco_vitdet-b_mask-rcnn_lsj-100e.py)')
     parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction,
                         help='override config settings, e.g. train_dataloader.batch_size=2')
@@ -142,8 +149,13 @@ def main(argv=None) -> None:
     model = build(cfg, args.device)
     checkpoint = CheckpointLoader.load_checkpoint(args.checkpoint, map_location='cpu')
     whole, _ = split_whole_model(checkpoint)
-    teacher = build_teacher(model.backbone, cfg.model.backbone).to(args.device)
-    load_teacher(teacher, model.backbone, checkpoint, args.checkpoint)
+    if args.teacher_config:
+        teacher = build(load_config(args.teacher_config, cfg_options=args.cfg_options),
+                        args.device).backbone
+        load_swapped_teacher(teacher, checkpoint, args.checkpoint)
+    else:
+        teacher = build_teacher(model.backbone, cfg.model.backbone).to(args.device)
+        load_teacher(teacher, model.backbone, checkpoint, args.checkpoint)
     load_student(model, checkpoint, whole, args.checkpoint)
     batches = image_batches(cfg, model, args.device)
     held_out = [batches() for _ in range(args.held_out)]

@@ -20,7 +20,7 @@ from nala_mm.linearize import (
 )
 from nala_mm.models import DEFAULT_HYBRID
 from nala_mm.models.swap import DetNaLaSwinTransformer, SegNaLaSwinTransformer
-from tests.helpers import DEMO_SEG_CFG, run_failing_tool, run_tool
+from tests.helpers import DEMO_SEG_CFG, REPO, run_failing_tool, run_tool
 
 SWIN = dict(embed_dims=32, depths=(2, 2, 2, 2), num_heads=(1, 2, 4, 8), window_size=7)
 CONFIG = """_base_ = [{demo!r}]
@@ -180,3 +180,58 @@ def test_the_tool_refuses_a_config_without_a_swap_or_a_dataloader(tmp_path, tiny
     out = run_failing_tool('tools/linearize.py', swapped_cfg, checkpoint, '--out',
                            tmp_path / 'x', '--cfg-options', 'train_dataloader=None')
     assert 'has no train_dataloader' in out
+
+
+VITDET = """_base_ = [{base!r}]
+side = (128, 128)
+model = dict(
+    data_preprocessor=dict(batch_augments=[dict(type='BatchFixedSizePad', size=side,
+                                                pad_mask=True)]),
+    backbone=dict(img_size=side, embed_dims=64, num_layers=3, num_heads=2, mlp_ratio=2,
+                  out_indices=(2,), drop_path_rate=0.0, init_cfg=None,
+                  mixers=[dict(type='WindowSoftmaxAttention', window_size=4)] * 2 + [{last!r}]),
+    neck=dict(in_channels=64))
+train_dataloader = dict(batch_size=2, num_workers=0, persistent_workers=False, dataset=dict(
+    dataset=dict(data_root={root!r}, metainfo=dict(classes=('disc', 'square', 'triangle', 'star')),
+                 pipeline=[dict(type='LoadImageFromFile'),
+                           dict(type='LoadAnnotations', with_bbox=True, with_mask=True),
+                           dict(type='Resize', scale=side, keep_ratio=False),
+                           dict(type='PackDetInputs')])))
+"""
+
+
+@pytest.mark.extended
+@pytest.mark.integration
+def test_the_tool_on_a_tiny_vitdet_whose_teacher_keeps_its_windows(tmp_path, tiny_coco):
+    """A stock-layout ViTDet (windows of 4 on the 8 x 8 grid, one global SDPA block) into NaLa in
+    every block: each block's error falls, and the output loads strictly into the detector."""
+    from mmdet.registry import MODELS
+    swap = 'configs/swap/coco_vitdet-b_mask-rcnn_lsj-100e'
+    stock_cfg, nala_cfg = tmp_path / 'vitdet.py', tmp_path / 'vitdet_nala.py'
+    stock_cfg.write_text(VITDET.format(base=str(REPO / f'{swap}.py'), last='sdpa',
+                                       root=f'{tiny_coco}/'))
+    nala_cfg.write_text(VITDET.format(base=str(REPO / f'{swap}_nala-all.py'), last='nala',
+                                      root=f'{tiny_coco}/'))
+    nala_cfg.write_text(nala_cfg.read_text().replace(
+        "[dict(type='WindowSoftmaxAttention', window_size=4)] * 2 + ['nala']", "['nala'] * 3"))
+    init_default_scope('mmdet')
+    torch.manual_seed(0)
+    stock = MODELS.build(Config.fromfile(str(stock_cfg)).model)
+    stock.init_weights()
+    checkpoint = tmp_path / 'vitdet.pth'
+    torch.save({'state_dict': stock.state_dict(), 'meta': {}}, checkpoint)
+    out = tmp_path / 'linearized.pth'
+    run_tool('tools/linearize.py', nala_cfg, checkpoint, '--out', out, '--iters', '40',
+             '--held-out', '2', '--teacher-config', stock_cfg)
+    report = json.loads((tmp_path / 'linearized.json').read_text())
+    blocks = [r for r in report['rows'] if r['name'].startswith('layers.')]
+    assert [r['name'] for r in blocks] == ['layers.0', 'layers.1', 'layers.2']
+    for row in blocks:
+        assert row['rel_l2_after'] < row['rel_l2_before'], row
+    nala = MODELS.build(Config.fromfile(str(nala_cfg)).model)
+    assert list(nala.backbone.mixers) == ['nala'] * 3
+    saved = torch.load(out, map_location='cpu')['state_dict']
+    nala.load_state_dict(saved, strict=True)
+    stock_state = stock.state_dict()
+    for key in ('neck.lateral.0.conv.weight', 'roi_head.bbox_head.fc_cls.weight'):
+        assert torch.equal(saved[key], stock_state[key])  # the teacher's heads, untouched

@@ -9,7 +9,9 @@ attention transfer (:mod:`nala_mm.linearize`) needs is public on the mixin: ``sw
 ``stock_parent()``, ``upstream_state()`` and ``adapt_state()``. The carry-over is a pure
 function over state dicts (:func:`carry_over`): the upstream
 attention's fused q, k, v projection goes into the first ``3C`` rows of the mixer's ``qkvg``
-(the same q | k | v row order), its output projection into ``out_proj``; what has no counterpart
+(the same q | k | v row order), its output projection into ``out_proj`` (a mixer in the stock
+layout, ViTDet's :class:`~nala_mm.models.WindowSoftmaxAttention`, takes both as they are, and a
+checkpoint of such mixers reads as the upstream one); what has no counterpart
 in a global mixer is dropped; the mixer's own parts (the gate rows ``qkvg[3C:]``, LePE, its
 LayerNorm ``ln``) stay as the mixer initialised them. Every tensor is accounted for in a
 :class:`CarryOverReport`.
@@ -91,10 +93,15 @@ def carry_over(state_dict: Mapping[str, Tensor], model_state: Mapping[str, Tenso
     report = CarryOverReport()
     for name in swapped:
         source, target = f'{name}.', f'{name}.mixer.'
+        # a checkpoint of ViTDet's layout holds the stock tensors under a stock-layout mixer:
+        # read them as the upstream module's, whichever mixer they now go to
+        for src, dst in _stock_layout_pairs(layout):
+            if target + dst in state and f'{target}qkvg.weight' not in state:
+                state[source + src] = state.pop(target + dst)
         under_source = sorted(k for k in state if k.startswith(source)
                               and not k.startswith(target))
         stock_layout = f'{target}qkv.weight' in model_state  # ViTDet's window mixer
-        if f'{target}{"qkv" if stock_layout else "qkvg"}.weight' in state:
+        if f'{target}qkvg.weight' in state:
             report.already_swapped.append(name)
         if stock_layout:
             carried, new = _carry_as_is(state, model_state, source, target, layout), []
@@ -112,12 +119,17 @@ def carry_over(state_dict: Mapping[str, Tensor], model_state: Mapping[str, Tenso
     return state, report
 
 
+def _stock_layout_pairs(layout: AttentionLayout) -> Tuple[Tuple[str, str], ...]:
+    """(upstream name, name in a stock-layout mixer) of the four tensors that carry over."""
+    return ((layout.qkv_weight, 'qkv.weight'), (layout.qkv_bias, 'qkv.bias'),
+            (layout.proj_weight, 'proj.weight'), (layout.proj_bias, 'proj.bias'))
+
+
 def _carry_as_is(state: Dict[str, Tensor], model_state: Mapping[str, Tensor], source: str,
                  target: str, layout: AttentionLayout) -> List[Tuple[str, str]]:
     """A mixer in the stock layout (``qkv``, ``proj``): the tensors move unchanged."""
     carried = []
-    for src, dst in ((layout.qkv_weight, 'qkv.weight'), (layout.qkv_bias, 'qkv.bias'),
-                     (layout.proj_weight, 'proj.weight'), (layout.proj_bias, 'proj.bias')):
+    for src, dst in _stock_layout_pairs(layout):
         if source + src in state and target + dst in model_state:
             value = state.pop(source + src)
             _check_shape(source + src, value, tuple(model_state[target + dst].shape))
