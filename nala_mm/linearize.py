@@ -7,8 +7,9 @@ The *teacher* is the swapped backbone's stock parent, built with the same argume
 layout of mixers of its own (ViTDet's windows), the backbone of the config it was trained with
 (:func:`load_swapped_teacher`, ``tools/linearize.py --teacher-config``). The *student* is the
 swapped backbone with those weights carried over
-(:meth:`SwappedAttentionMixin.carry_over_checkpoint`). Both see the same images; only the student's swapped mixers train, everything else keeps the
-teacher's values (both run in eval mode: BatchNorm statistics and dropout as trained).
+(:meth:`SwappedAttentionMixin.carry_over_checkpoint`). Both see the same images; only the
+student's swapped mixers train, everything else keeps the teacher's values (both run in eval
+mode: BatchNorm statistics and dropout as trained).
 
 What a swapped block is trained to reproduce, and how (:class:`TransferOptions`):
 
