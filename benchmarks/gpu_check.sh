@@ -28,6 +28,7 @@ $PY -m benchmarks.speed.backbone --device cuda --sizes 1024 2048 --train-sizes 5
 $PY -m benchmarks.speed.segmentor --device cuda --sizes 1024 2048 --train-sizes 512 --repeats 10 --warmup 3
 $PY -m benchmarks.speed.swap --device cuda --sizes 1024 2048 --repeats 10 --warmup 3
 $PY -m benchmarks.speed.vit --device cuda
+$PY -m benchmarks.speed.vitdet --device cuda --repeats 10 --warmup 3
 $PY -m benchmarks.speed.amp --device cuda
 
 echo '== whole-model inference (tools/benchmark.py): UperNet + all-linear NaLaFormer-T vs Swin-T'

@@ -137,15 +137,17 @@ def test_the_window_mixer_refuses_a_class_token():
                               num_heads=2, mixers=['window'])(torch.randn(1, 3, 64, 64))
 
 
-def test_simple_fpn_gives_five_maps_at_strides_4_to_64():
+@pytest.mark.parametrize('device', DEVICES)
+def test_simple_fpn_gives_five_maps_at_strides_4_to_64(device):
     init_default_scope('mmdet')
-    neck = DET_MODELS.build(dict(type='SimpleFPN', in_channels=768, out_channels=256))
+    neck = DET_MODELS.build(dict(type='SimpleFPN', in_channels=768, out_channels=256)).to(device)
     assert isinstance(neck, SimpleFPN)
-    outs = neck((torch.randn(1, 768, 16, 16),))  # the stride-16 map of a 256 x 256 image
+    # the stride-16 map of a 256 x 256 image
+    outs = neck((torch.randn(1, 768, 16, 16, device=device),))
     assert [tuple(o.shape) for o in outs] == [(1, 256, 256 // s, 256 // s)
                                               for s in (4, 8, 16, 32, 64)]
     with pytest.raises(ValueError, match='expected a \\(B, 768, H, W\\) map'):
-        neck((torch.randn(1, 384, 16, 16),))
+        neck((torch.randn(1, 384, 16, 16, device=device),))
 
 
 class TinyDetector(nn.Module):
