@@ -159,7 +159,9 @@ class TinyDetector(nn.Module):
         self.neck = nn.Sequential(nn.Conv2d(64, 8, 1), nn.GroupNorm(2, 8))
 
 
-def test_layer_decay_rate_and_weight_decay_of_every_parameter():
+@pytest.mark.parametrize('scope', ['mmdet', 'mmseg'])
+def test_layer_decay_rate_and_weight_decay_of_every_parameter(scope):
+    init_default_scope(scope)  # the constructor is found from either package's configs
     model = TinyDetector()
     wrapper = build_optim_wrapper(model, dict(
         type='OptimWrapper', optimizer=dict(type='AdamW', lr=1.0, weight_decay=0.1),
