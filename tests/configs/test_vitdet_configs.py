@@ -1,6 +1,11 @@
 """The two ViTDet-B configs (configs/swap/coco_vitdet-b_*): ViTDet's recipe as the configs state
 it, one training iteration at 128 x 128 on the generated COCO data, and a stock mmseg-layout
-ViT-B checkpoint through ``init_cfg`` with its carried / dropped / new log."""
+ViT-B checkpoint through ``init_cfg`` with its carried / dropped / new log; under mmdet's own
+train.py in make test-extended."""
+import os.path as osp
+import re
+
+import mmdet
 import pytest
 import torch
 from mmdet.registry import MODELS as DET_MODELS
@@ -11,7 +16,7 @@ from mmseg.models.backbones import VisionTransformer
 
 from nala_mm.models import SimpleFPN
 from nala_mm.models.swap import NaLaVisionTransformer
-from tests.helpers import REPO
+from tests.helpers import REPO, run_tool
 
 SWAP = REPO / 'configs' / 'swap'
 STOCK = 'coco_vitdet-b_mask-rcnn_lsj-100e.py'
@@ -114,3 +119,35 @@ def test_a_stock_mmseg_vit_b_loads_through_init_cfg(name, tmp_path):
                            stock.layers[5].attn.attn.in_proj_weight)
     assert torch.equal(backbone.patch_embed.projection.bias, stock.patch_embed.projection.bias)
     assert backbone.pos_embed.shape == (1, 64 * 64 + 1, 768)  # resized from 14 x 14
+
+
+UNDER_MMDET = """_base_ = [{base!r}]
+side = (128, 128)
+model = dict(
+    data_preprocessor=dict(batch_augments=[dict(type='BatchFixedSizePad', size=side,
+                                                pad_mask=True)]),
+    backbone=dict(img_size=side, init_cfg=None))
+train_dataloader = dict(batch_size=2, num_workers=0, persistent_workers=False, dataset=dict(
+    dataset=dict(data_root={root!r}, metainfo=dict(classes=('disc', 'square', 'triangle', 'star')),
+                 pipeline=[dict(type='LoadImageFromFile'),
+                           dict(type='LoadAnnotations', with_bbox=True, with_mask=True),
+                           dict(type='Resize', scale=side, keep_ratio=False),
+                           dict(type='PackDetInputs')])))
+train_cfg = dict(max_iters=1, val_interval=1000)
+param_scheduler = []
+val_cfg = val_dataloader = val_evaluator = None
+test_cfg = test_dataloader = test_evaluator = None
+default_hooks = dict(checkpoint=dict(interval=1), logger=dict(interval=1))
+"""
+
+
+@pytest.mark.extended
+@pytest.mark.integration
+@pytest.mark.parametrize('name', sorted(LAYOUTS))
+def test_one_iteration_under_mmdets_own_train_py(name, tiny_coco, tmp_path):
+    config = tmp_path / 'vitdet.py'
+    config.write_text(UNDER_MMDET.format(base=str(SWAP / name), root=f'{tiny_coco}/'))
+    train = osp.join(osp.dirname(mmdet.__file__), '.mim', 'tools', 'train.py')
+    log = run_tool(train, config, '--work-dir', tmp_path / 'work', cwd=tmp_path)
+    assert re.search(r'Iter\(train\) \[1/1\].*loss_mask: [\d.]+', log), log[-2000:]
+    assert (tmp_path / 'work' / 'iter_1.pth').is_file()
