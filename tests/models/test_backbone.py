@@ -226,7 +226,7 @@ def test_all_linear_backbone_uses_nala_everywhere():
     (dict(arch='xxl'), ValueError, "'xxl'"),
     (dict(arch=dict(TINY, depths=(1, 1, 1))), ValueError, r"arch\['depths'\]"),
     (dict(arch=TINY, mixers=('nala', 'flash', 'nala', 'nala')), ValueError,
-     r"unknown mixer 'flash'; expected one of \('nala', 'linear', 'softmax'\)"),
+     r"unknown mixer 'flash'; expected one of \('nala', 'linear', 'softmax', 'window', 'sdpa'\)"),
     (dict(arch=TINY, mixers=('nala',) * 3), ValueError, r'mixers needs 4 entries.*\(\'nala\','),
     (dict(arch=TINY, mixers='nala'), TypeError, "one entry per stage.*'nala'"),
     (dict(arch=TINY, mixers=('nala', dict(kernel='relu'), 'nala', 'nala')), TypeError,
