@@ -132,3 +132,15 @@ def coco_evaluate(gt, results: list, iou_type: str, cat_ids: list):
     evaluation.accumulate()
     evaluation.summarize()
     return evaluation
+
+
+def vitdet_tiny_data(root) -> str:
+    """Config text: the ViTDet configs' training data (LSJ's RepeatDataset) on generated COCO
+    data at ``side`` (a variable the config defines), fixed-size, labels of the demo classes."""
+    classes = ('disc', 'square', 'triangle', 'star')
+    return (f"train_dataloader = dict(batch_size=2, num_workers=0, persistent_workers=False, "
+            f"dataset=dict(dataset=dict(data_root={str(root) + '/'!r}, "
+            f"metainfo=dict(classes={classes!r}), pipeline=["
+            "dict(type='LoadImageFromFile'), "
+            "dict(type='LoadAnnotations', with_bbox=True, with_mask=True), "
+            "dict(type='Resize', scale=side, keep_ratio=False), dict(type='PackDetInputs')])))\n")

@@ -43,6 +43,23 @@ def _rope_rows(rope: Rope, rows: Optional[Tensor]) -> Rope:
     return rope if rope is None or rows is None else tuple(t[rows] for t in rope)
 
 
+def token_sequence(x: Tensor, embed_dims: int, hw_shape: Optional[Sequence[int]],
+                   num_prefix: int) -> Tuple[Tensor, Tuple[int, int]]:
+    """A mixer's input as a token sequence ``(B, num_prefix + H*W, C)`` and its grid ``(H, W)``:
+    channels-last tokens ``(B, H, W, C)``, or a sequence with its ``hw_shape``."""
+    if x.dim() == 4 and x.shape[-1] == embed_dims and hw_shape is None and num_prefix == 0:
+        return x.flatten(1, 2), (x.shape[1], x.shape[2])
+    if x.dim() == 3 and x.shape[-1] == embed_dims and hw_shape is not None:
+        height, width = hw_shape
+        if num_prefix < 0 or x.shape[1] != num_prefix + height * width:
+            raise ValueError(f'{x.shape[1]} tokens are not {num_prefix} prefix tokens and '
+                             f'the {height}x{width} grid (hw_shape) they came with')
+        return x, (height, width)
+    raise ValueError(f'expected channels-last tokens (B, H, W, {embed_dims}), or a sequence '
+                     f'(B, num_prefix + H*W, {embed_dims}) with its hw_shape; got '
+                     f'{tuple(x.shape)} with hw_shape={hw_shape}, num_prefix={num_prefix}')
+
+
 class GatedAttention(BaseModule):
     """qkvg projection, token mixing (:meth:`mix`), LePE on v, LayerNorm, SiLU gate, out_proj.
 
@@ -115,20 +132,7 @@ class GatedAttention(BaseModule):
     # ------------------------------------------------------------------ shared wrapper
     def _tokens(self, x: Tensor, hw_shape: Optional[Sequence[int]],
                 num_prefix: int) -> Tuple[Tensor, Tuple[int, int]]:
-        """The input as a token sequence ``(B, num_prefix + H*W, C)`` and its grid ``(H, W)``."""
-        if x.dim() == 4 and x.shape[-1] == self.embed_dims and hw_shape is None \
-                and num_prefix == 0:
-            return x.flatten(1, 2), (x.shape[1], x.shape[2])
-        if x.dim() == 3 and x.shape[-1] == self.embed_dims and hw_shape is not None:
-            height, width = hw_shape
-            if num_prefix < 0 or x.shape[1] != num_prefix + height * width:
-                raise ValueError(f'{x.shape[1]} tokens are not {num_prefix} prefix tokens and '
-                                 f'the {height}x{width} grid (hw_shape) they came with')
-            return x, (height, width)
-        raise ValueError(f'expected channels-last tokens (B, H, W, {self.embed_dims}), or a '
-                         f'sequence (B, num_prefix + H*W, {self.embed_dims}) with its hw_shape; '
-                         f'got {tuple(x.shape)} with hw_shape={hw_shape}, '
-                         f'num_prefix={num_prefix}')
+        return token_sequence(x, self.embed_dims, hw_shape, num_prefix)
 
     def _heads(self, t: Tensor) -> Tensor:
         return rearrange(t, 'b l (n d) -> b n l d', n=self.num_heads)

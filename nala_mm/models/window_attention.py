@@ -12,7 +12,7 @@ values are the projection's biases), as detectron2's ``window_partition`` does; 
 are cropped after the attention. Decomposed relative-position biases are not provided
 (docs/vitdet.md says what that changes).
 """
-from typing import Optional, Sequence, Tuple
+from typing import Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from ..ops import resolve_mode
 from ..registry import register_model
+from .mixers import token_sequence
 
 
 def softmax_attention(q: Tensor, k: Tensor, v: Tensor, mode: str = 'fast') -> Tensor:
@@ -83,7 +84,7 @@ class WindowSoftmaxAttention(BaseModule):
         """Channels-last tokens ``(B, H, W, C)``, or ``(B, num_prefix + H*W, C)`` with its grid
         ``hw_shape`` -> the same shape. Windows need a grid without prefix tokens (ViTDet's ViT
         has no class token); global attention takes them as any other token."""
-        tokens, grid = self._tokens(x, hw_shape, num_prefix)
+        tokens, grid = token_sequence(x, self.embed_dims, hw_shape, num_prefix)
         if self.window_size == 0:
             mixed = self._attend(tokens)
         else:
@@ -94,21 +95,6 @@ class WindowSoftmaxAttention(BaseModule):
             mixed = self._windowed(tokens.unflatten(1, grid)).flatten(1, 2)
         out = self.proj(mixed)
         return out if x.dim() == 3 else out.view(x.shape)
-
-    def _tokens(self, x: Tensor, hw_shape: Optional[Sequence[int]], num_prefix: int
-                ) -> Tuple[Tensor, Tuple[int, int]]:
-        if x.dim() == 4 and x.shape[-1] == self.embed_dims and hw_shape is None \
-                and num_prefix == 0:
-            return x.flatten(1, 2), (x.shape[1], x.shape[2])
-        if x.dim() == 3 and x.shape[-1] == self.embed_dims and hw_shape is not None:
-            height, width = hw_shape
-            if num_prefix < 0 or x.shape[1] != num_prefix + height * width:
-                raise ValueError(f'{x.shape[1]} tokens are not {num_prefix} prefix tokens and '
-                                 f'the {height}x{width} grid (hw_shape) they came with')
-            return x, (height, width)
-        raise ValueError(f'expected channels-last tokens (B, H, W, {self.embed_dims}), or a '
-                         f'sequence (B, L, {self.embed_dims}) with its hw_shape; got '
-                         f'{tuple(x.shape)} with hw_shape={hw_shape}')
 
     def extra_repr(self) -> str:
         reach = f'window={self.window_size}' if self.window_size else 'global'

@@ -16,7 +16,7 @@ from mmseg.models.backbones import VisionTransformer
 
 from nala_mm.models import SimpleFPN
 from nala_mm.models.swap import NaLaVisionTransformer
-from tests.helpers import REPO, run_tool
+from tests.helpers import REPO, run_tool, vitdet_tiny_data
 
 SWAP = REPO / 'configs' / 'swap'
 STOCK = 'coco_vitdet-b_mask-rcnn_lsj-100e.py'
@@ -127,13 +127,7 @@ model = dict(
     data_preprocessor=dict(batch_augments=[dict(type='BatchFixedSizePad', size=side,
                                                 pad_mask=True)]),
     backbone=dict(img_size=side, init_cfg=None))
-train_dataloader = dict(batch_size=2, num_workers=0, persistent_workers=False, dataset=dict(
-    dataset=dict(data_root={root!r}, metainfo=dict(classes=('disc', 'square', 'triangle', 'star')),
-                 pipeline=[dict(type='LoadImageFromFile'),
-                           dict(type='LoadAnnotations', with_bbox=True, with_mask=True),
-                           dict(type='Resize', scale=side, keep_ratio=False),
-                           dict(type='PackDetInputs')])))
-train_cfg = dict(max_iters=1, val_interval=1000)
+{data}train_cfg = dict(max_iters=1, val_interval=1000)
 param_scheduler = []
 val_cfg = val_dataloader = val_evaluator = None
 test_cfg = test_dataloader = test_evaluator = None
@@ -146,7 +140,7 @@ default_hooks = dict(checkpoint=dict(interval=1), logger=dict(interval=1))
 @pytest.mark.parametrize('name', sorted(LAYOUTS))
 def test_one_iteration_under_mmdets_own_train_py(name, tiny_coco, tmp_path):
     config = tmp_path / 'vitdet.py'
-    config.write_text(UNDER_MMDET.format(base=str(SWAP / name), root=f'{tiny_coco}/'))
+    config.write_text(UNDER_MMDET.format(base=str(SWAP / name), data=vitdet_tiny_data(tiny_coco)))
     train = osp.join(osp.dirname(mmdet.__file__), '.mim', 'tools', 'train.py')
     log = run_tool(train, config, '--work-dir', tmp_path / 'work', cwd=tmp_path)
     assert re.search(r'Iter\(train\) \[1/1\].*loss_mask: [\d.]+', log), log[-2000:]

@@ -20,7 +20,7 @@ from nala_mm.linearize import (
 )
 from nala_mm.models import DEFAULT_HYBRID
 from nala_mm.models.swap import DetNaLaSwinTransformer, SegNaLaSwinTransformer
-from tests.helpers import DEMO_SEG_CFG, REPO, run_failing_tool, run_tool
+from tests.helpers import DEMO_SEG_CFG, REPO, run_failing_tool, run_tool, vitdet_tiny_data
 
 SWIN = dict(embed_dims=32, depths=(2, 2, 2, 2), num_heads=(1, 2, 4, 8), window_size=7)
 CONFIG = """_base_ = [{demo!r}]
@@ -191,13 +191,7 @@ model = dict(
                   out_indices=(2,), drop_path_rate=0.0, init_cfg=None,
                   mixers=[dict(type='WindowSoftmaxAttention', window_size=4)] * 2 + [{last!r}]),
     neck=dict(in_channels=64))
-train_dataloader = dict(batch_size=2, num_workers=0, persistent_workers=False, dataset=dict(
-    dataset=dict(data_root={root!r}, metainfo=dict(classes=('disc', 'square', 'triangle', 'star')),
-                 pipeline=[dict(type='LoadImageFromFile'),
-                           dict(type='LoadAnnotations', with_bbox=True, with_mask=True),
-                           dict(type='Resize', scale=side, keep_ratio=False),
-                           dict(type='PackDetInputs')])))
-"""
+{data}"""
 
 
 @pytest.mark.extended
@@ -208,10 +202,10 @@ def test_the_tool_on_a_tiny_vitdet_whose_teacher_keeps_its_windows(tmp_path, tin
     from mmdet.registry import MODELS
     swap = 'configs/swap/coco_vitdet-b_mask-rcnn_lsj-100e'
     stock_cfg, nala_cfg = tmp_path / 'vitdet.py', tmp_path / 'vitdet_nala.py'
-    stock_cfg.write_text(VITDET.format(base=str(REPO / f'{swap}.py'), last='sdpa',
-                                       root=f'{tiny_coco}/'))
+    data = vitdet_tiny_data(tiny_coco)
+    stock_cfg.write_text(VITDET.format(base=str(REPO / f'{swap}.py'), last='sdpa', data=data))
     nala_cfg.write_text(VITDET.format(base=str(REPO / f'{swap}_nala-all.py'), last='nala',
-                                      root=f'{tiny_coco}/'))
+                                      data=data))
     nala_cfg.write_text(nala_cfg.read_text().replace(
         "[dict(type='WindowSoftmaxAttention', window_size=4)] * 2 + ['nala']", "['nala'] * 3"))
     init_default_scope('mmdet')
