@@ -111,7 +111,7 @@ def test_each_metafile_entry_describes_its_config(entry):
     pipeline = dataset.pipeline
     if any(t.type == 'RandomCrop' for t in pipeline):
         size = cfg.crop_size if 'crop_size' in cfg else cfg.image_size
-        assert crop.split(' ')[0] == 'x'.join(map(str, size))
+        assert crop == 'x'.join(map(str, size))
     else:  # no crop: the sizes the entry names are the pipeline's resize scales or image size
         assert crop.startswith('none'), crop
         sizes = set(map(str, cfg.get('image_size', ())))
