@@ -25,11 +25,26 @@ def run_tool(tool: str, args: Sequence[str], what: str) -> str:
     return proc.stdout + proc.stderr
 
 
-def test_miou(config: str, checkpoint: str, work_dir: str) -> float:
-    """The mIoU tools/test.py reports for ``checkpoint`` under ``config``."""
+# what mmdet's CocoMetric logs, in place of any metric, when a model detects nothing
+DET_EMPTY = 'The testing results of the whole dataset is empty'
+
+
+def test_score(config: str, checkpoint: str, work_dir: str, metric: str) -> float:
+    """The ``metric`` (``'mIoU'``, ``'coco/bbox_mAP'``) tools/test.py reports for
+    ``checkpoint`` under ``config``."""
     log = run_tool('test', [config, checkpoint, '--work-dir', work_dir],
                    f'testing {checkpoint}')
-    return float(re.findall(r'mIoU: ([\d.]+)', log)[-1])
+    found = re.findall(re.escape(metric) + r': (-?[\d.]+)', log)
+    if not found and DET_EMPTY in log:  # mmdet computes no metric when nothing is detected
+        return 0.0
+    if not found:
+        raise RuntimeError(f'testing {checkpoint}: tools/test.py reported no {metric}')
+    return float(found[-1])
+
+
+def test_miou(config: str, checkpoint: str, work_dir: str) -> float:
+    """The mIoU tools/test.py reports for ``checkpoint`` under ``config``."""
+    return test_score(config, checkpoint, work_dir, 'mIoU')
 
 
 def linearize(config: str, checkpoint: str, out: str, iters: int, seed: int,
@@ -46,9 +61,9 @@ def linearize(config: str, checkpoint: str, out: str, iters: int, seed: int,
     return report
 
 
-def curve(records: List[dict]) -> List[float]:
-    """The mIoU at each evaluation of a run, in order."""
-    return [r['mIoU'] for r in records if 'mIoU' in r]
+def curve(records: List[dict], metric: str = 'mIoU') -> List[float]:
+    """The ``metric`` at each evaluation of a run, in order."""
+    return [r[metric] for r in records if metric in r]
 
 
 def final_miou(run: dict) -> float:
