@@ -30,6 +30,15 @@ def rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
     return ((actual - expected).norm() / expected.norm()).item()
 
 
+def grad_errors(actual, expected) -> list:
+    """Per gradient pair: the relative error, except for gradients that are zero in exact
+    arithmetic (a conv bias before BatchNorm: norm under 1e-3 of the largest), whose float noise
+    is measured against the largest gradient's norm instead."""
+    scale = max(g.norm().item() for g in expected)
+    return [((a - e).norm() / max(e.norm().item(), 1e-3 * scale)).item()
+            for a, e in zip(actual, expected)]
+
+
 def value_and_grads(fn, q, k, v, weights):
     """``fn(q, k, v)`` and the gradients of ``sum(fn * weights)`` w.r.t. q, k, v, flat:
     ``(out, dq, dk, dv)`` (a parity check compares the four)."""

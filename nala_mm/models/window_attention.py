@@ -28,7 +28,7 @@ from .mixers import token_sequence
 def softmax_attention(q: Tensor, k: Tensor, v: Tensor, mode: str = 'fast') -> Tensor:
     """``softmax(q k^T / sqrt(d)) v`` over ``(..., L, d)``: fused SDPA (``'fast'``) or the
     explicit weights (``'reference'``)."""
-    if resolve_mode(mode) == 'fast':
+    if resolve_mode(mode, traceable=True) == 'fast':
         return F.scaled_dot_product_attention(q, k, v)
     weights = torch.softmax(q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5, dim=-1)
     return weights @ v
