@@ -10,6 +10,7 @@ import torch
 import torch._dynamo as dynamo
 
 from nala_mm.models import NaLaFormer
+from nala_mm.models.mixer_specs import build_mixer, mixer_config
 from nala_mm.models.swap import (
     DetNaLaSwinTransformer,
     NaLaMixVisionTransformer,
@@ -17,7 +18,6 @@ from nala_mm.models.swap import (
     NaLaVisionTransformer,
     SegNaLaSwinTransformer,
 )
-from nala_mm.models.mixer_specs import build_mixer, mixer_config
 from nala_mm.ops.attention.config import KERNELS
 from nala_mm.ops.attention.feature_maps import PLAIN_FEATURE_MAPS, QUERY_NORMS
 from tests.helpers import TINY_ARCH, grad_errors
