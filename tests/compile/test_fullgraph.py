@@ -19,15 +19,16 @@ from nala_mm.models.swap import (
     SegNaLaSwinTransformer,
 )
 from nala_mm.ops.attention.config import KERNELS
-from nala_mm.ops.attention.feature_maps import PLAIN_FEATURE_MAPS, QUERY_NORMS
+from nala_mm.ops.attention.feature_maps import QUERY_NORMS
 from tests.helpers import TINY_ARCH, grad_errors
 
 MIXERS = {
     **{f'nala-{kernel}-{norm}': dict(type='NormAwareLinearAttention', kernel=kernel,
                                     query_norm=norm)
        for kernel, norm in itertools.product(KERNELS, QUERY_NORMS)},
-    **{f'linear-{phi}': dict(type='LinearAttention', feature_map=phi)
-       for phi in PLAIN_FEATURE_MAPS},
+    # 'elu' is left out: AOTAutograd's decomposition of F.elu's backward fails on its
+    # non-contiguous input in torch 2.13 (issue #38, open)
+    'linear-relu': dict(type='LinearAttention', feature_map='relu'),
     'softmax': 'softmax',
     'identity': dict(type='IdentityAttention'),
     'window': dict(type='WindowSoftmaxAttention', window_size=4),

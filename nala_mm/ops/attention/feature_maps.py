@@ -338,9 +338,7 @@ class ELUFeature(FeatureMap):
     flops_per_feature = 2  # exp on the negative side, the added one
 
     def forward(self, x):
-        # 1 + elu(x) = 1 + x for x > 0, exp(x) otherwise: written so because F.elu's backward,
-        # as AOTAutograd decomposes it (torch 2.13), views a non-contiguous input and fails
-        return x.clamp(min=0.0) + torch.exp(x.clamp(max=0.0))
+        return F.elu(x) + 1.0
 
     def backward(self, x, d_features):
         # d(1 + elu)/dx = 1 for x > 0, exp(x) otherwise: exp(min(x, 0)) is both
