@@ -25,6 +25,10 @@ mmengine's local checkpoint loader        weights-only ``torch.load`` whose erro
 ``load_data_list`` of mmseg's             a missing folder or a malformed COCO file is named
 ``BaseSegDataset`` and mmdet's            with what is expected; valid data takes the
 ``CocoDataset``                           original path unchanged
+``OptimWrapper.update_params`` runs       mmengine's ``compile=True`` compiles the whole
+outside ``torch.compile`` graphs          ``train_step``; traced, the optimizer step fails on
+                                          mmengine's param groups and would recompile at every
+                                          learning-rate change (:mod:`nala_mm.compile`)
 ========================================  ==================================================
 
 Checkpoints saved by a run without these changes hold ``HistoryBuffer``'s default pickle and may
@@ -44,6 +48,7 @@ from .checkpoint_safety import (
     load_from_local,
     numpy_safe_globals,
 )
+from .compile import eager_optimizer_updates
 from .datasets.checks import install_dataset_checks
 from .distributed import cpu_aware_pytorch_launcher
 
@@ -61,6 +66,7 @@ def install() -> None:
     if not getattr(dist_utils._init_dist_pytorch, 'nala_cpu_aware', False):
         dist_utils._init_dist_pytorch = cpu_aware_pytorch_launcher(dist_utils._init_dist_pytorch)
     install_dataset_checks()
+    eager_optimizer_updates()
 
 
 install()

@@ -17,6 +17,7 @@ from mmengine.logging import HistoryBuffer
 from mmengine.runner.checkpoint import CheckpointLoader
 from mmseg.datasets import BaseSegDataset
 from mmdet.datasets import CocoDataset
+from mmengine.optim import OptimWrapper
 
 def host_state():
     return dict(
@@ -27,6 +28,7 @@ def host_state():
         init_dist=dist_utils._init_dist_pytorch,
         seg_load=BaseSegDataset.load_data_list,
         coco_load=CocoDataset.load_data_list,
+        update_params=OptimWrapper.update_params,
         safe_globals=tuple(torch.serialization.get_safe_globals()),
     )
 
@@ -52,7 +54,7 @@ def test_import_changes_nothing_and_compat_changes_each_listed_object():
                          check=True).stdout
     result = json.loads(out.strip().splitlines()[-1])
     keys = ['loader', 'put', 'getstate', 'setstate', 'init_dist', 'seg_load', 'coco_load',
-            'safe_globals']
+            'update_params', 'safe_globals']
     assert sorted(result['unchanged_by_import']) == sorted(keys)
     assert sorted(result['changed_by_compat']) == sorted(keys)
     assert result['compat_idempotent'] is True

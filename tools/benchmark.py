@@ -1,7 +1,8 @@
 """Whole-model inference speed and memory of a config on synthetic input (no dataset needed).
 
     python tools/benchmark.py CONFIG [--shape H W] [--batch B] [--warmup W] [--repeat N]
-                              [--device cpu|cuda] [--amp] [--out FILE.json] [--compare CONFIG2]
+                              [--device cpu|cuda] [--amp] [--compile] [--out FILE.json]
+                              [--compare CONFIG2]
                               [--cfg-options k=v ...]
 
 The model is built from the config (random weights: no checkpoint is read, nothing downloaded,
@@ -21,6 +22,8 @@ many boxes random weights leave, so detector latencies are indicative only.
   change in the machine's load reaches both alike; the ratio is the median of the per-round
   ratios (CONFIG2 over CONFIG).
 * ``--amp``: autocast, fp16 on CUDA, bf16 on CPU (as ``tools/train.py --amp``).
+* ``--compile``: the feature extraction through ``torch.compile`` (:mod:`nala_mm.compile`); the
+  first call, which compiles, is timed apart (``compile_seconds``) before the warm-up runs.
 
 ``--out`` writes JSON: per model ``latency_ms`` (median, best, all), ``fps`` and ``memory_mib``;
 with ``--compare`` also ``compare`` (``latency_ratio``, ``fps_ratio``, ``memory_ratio``). It
@@ -31,7 +34,8 @@ import json
 import os
 import os.path as osp
 import sys
-from typing import Callable
+import time
+from typing import Callable, Optional, Tuple
 
 import torch
 
@@ -79,6 +83,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument('--device', choices=['cpu', 'cuda'], default='cpu')
     parser.add_argument('--amp', action='store_true',
                         help='autocast: fp16 on CUDA, bf16 on CPU')
+    parser.add_argument('--compile', action='store_true',
+                        help='torch.compile the feature extraction; compile time is reported')
     parser.add_argument('--compare', metavar='CONFIG2',
                         help='a second config, timed in turns with CONFIG; prints the ratio')
     parser.add_argument('--out', metavar='FILE.json', help='write the results as JSON')
@@ -99,9 +105,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 # ------------------------------------------------------------------------------ one case
-def inference_step(config: str, case: dict) -> Callable[[], object]:
+def inference_step(config: str, case: dict) -> Tuple[Callable[[], object], Optional[float]]:
     """The model of ``config`` on ``case['device']`` and one ``test_step`` on the synthetic batch,
-    as a callable."""
+    as a callable; and with ``case['compile']`` the seconds of the first, compiling call."""
     from nala_mm.config_loading import build_model_from_config
     from nala_mm.data_samples import synthetic_batch
     device = case['device']
@@ -113,7 +119,15 @@ def inference_step(config: str, case: dict) -> Callable[[], object]:
     def step():
         with torch.no_grad(), torch.autocast(device, dtype=amp_dtype, enabled=case['amp']):
             return model.test_step(data)
-    return step
+    if not case.get('compile'):
+        return step, None
+    from nala_mm.compile import compile_feature_extraction
+    compile_feature_extraction(model)
+    start = time.perf_counter()
+    step()
+    if device == 'cuda':
+        torch.cuda.synchronize()
+    return step, time.perf_counter() - start
 
 
 def run_one_case(case: dict) -> dict:
@@ -121,10 +135,12 @@ def run_one_case(case: dict) -> dict:
     ``memory`` (its one config)."""
     device = case['device']
     # keyed by position: --compare may time a config against itself (a noise check)
-    steps = {str(i): inference_step(config, case) for i, config in enumerate(case['configs'])}
+    built = {str(i): inference_step(config, case) for i, config in enumerate(case['configs'])}
+    steps = {key: step for key, (step, _) in built.items()}
     if case['what'] == 'time':
         return dict(times=in_turns(steps, reference='0', repeats=case['repeat'],
-                                   warmup=case['warmup'], device=device))
+                                   warmup=case['warmup'], device=device),
+                    compile_seconds={key: seconds for key, (_, seconds) in built.items()})
     (step,) = steps.values()
     for _ in range(max(1, case['warmup'])):  # the peak RSS includes one whole inference
         step()
@@ -142,7 +158,8 @@ def run_one_case(case: dict) -> dict:
 def measure(args: argparse.Namespace) -> dict:
     configs = [args.config] + ([args.compare] if args.compare else [])
     base = dict(shape=list(args.shape), batch=args.batch, warmup=args.warmup, repeat=args.repeat,
-                device=args.device, amp=args.amp, cfg_options=dict(args.cfg_options))
+                device=args.device, amp=args.amp, compile=args.compile,
+                cfg_options=dict(args.cfg_options))
     env = {'PYTHONWARNINGS': os.environ.get('PYTHONWARNINGS', 'ignore')}
     script = osp.abspath(__file__)
     result = dict(tool='tools/benchmark.py', code=f'nala-mm {nala_mm.__version__}',
@@ -166,6 +183,7 @@ def measure(args: argparse.Namespace) -> dict:
             latency_ms=dict(median=times['median_ms'], best=times['best_ms'],
                             all=times['times_ms']),
             fps=args.batch * 1000 / times['median_ms'],
+            compile_seconds=timed['compile_seconds'][str(index)],
             memory_mib={k: round(v, 1) for k, v in memory['memory'].items()},
             latency_ratio_to_first=times.get('ms_ratio')))
     if args.compare:
@@ -187,7 +205,8 @@ def report(result: dict) -> str:
     lines = [f"{result['device']}, torch {result['torch']}, {result['code']}; batch "
              f"{result['batch']} at {result['shape'][0]}x{result['shape'][1]}, "
              f"{result['repeat']} timed runs after {result['warmup']} warm-up"
-             f"{', autocast' if result['amp'] else ''}",
+             f"{', autocast' if result['amp'] else ''}"
+             f"{', compiled' if result.get('compile') else ''}",
              f"{'config':<56} {'median ms':>10} {'best ms':>9} {'images/s':>9} "
              f"{total + ' MiB':>18} {'inference MiB':>14}"]
     for model in result['models']:
@@ -196,6 +215,10 @@ def report(result: dict) -> str:
                      f"{model['latency_ms']['best']:>9.1f} {model['fps']:>9.2f} "
                      f"{memory.get('peak_rss', memory.get('max_allocated')):>18.1f} "
                      f"{memory['inference_peak']:>14.1f}")
+    for model in result['models']:
+        if model.get('compile_seconds') is not None:
+            lines.append(f"{model['config'][-56:]}: compiled in {model['compile_seconds']:.1f} s "
+                         '(the first call)')
     if 'compare' in result:
         c = result['compare']
         lines.append(f"second / first: {c['latency_ratio']:.2f} of the time (median of per-round "

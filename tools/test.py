@@ -1,6 +1,10 @@
 """Evaluate a checkpoint of any mmseg or mmdet config with mmengine's Runner.
 
     python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--out PATH] [--show-dir DIR] [--tta]
+                         [--compile]
+
+``--compile``: the model's feature extraction (backbone and neck) runs through ``torch.compile``
+with dynamic sizes (:mod:`nala_mm.compile`); mmengine itself leaves testing eager.
 """
 import argparse
 import os
@@ -11,6 +15,7 @@ from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
 from nala_mm import compat
+from nala_mm.compile import compile_feature_extraction
 from nala_mm.config_loading import load_config
 
 # the host changes this tool relies on (weights-only resume, atomic checkpoints, CPU torchrun,
@@ -29,6 +34,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument('--show-dir', help='directory to save prediction overlays to')
     parser.add_argument('--wait-time', type=float, default=2, help='seconds per shown image')
     parser.add_argument('--tta', action='store_true', help='test-time augmentation')
+    parser.add_argument('--compile', action='store_true',
+                        help='torch.compile the feature extraction (backbone and neck)')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction,
                         help='override config settings')
     parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
@@ -102,6 +109,8 @@ def main() -> None:
     args = parse_args()
     cfg = build_config(args)
     runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
+    if args.compile:
+        compile_feature_extraction(runner.model)
     if args.out and cfg.get('default_scope') == 'mmdet':
         from mmdet.evaluation import DumpDetResults
         runner.test_evaluator.metrics.append(DumpDetResults(out_file_path=args.out))

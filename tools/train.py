@@ -1,11 +1,16 @@
 """Train any mmseg or mmdet config with mmengine's Runner (the upstream tools' CLI).
 
     python tools/train.py configs/ade20k_nala_upernet.py [--work-dir DIR] [--amp] [--resume [CKPT]]
+                          [--compile]
     torchrun --nproc_per_node=2 tools/train.py CONFIG --launcher pytorch
 
 ``--auto-scale-lr`` (as mmdet's train.py): the learning rate is scaled by the run's total batch
 (processes x ``train_dataloader.batch_size``) over the recipe's ``auto_scale_lr.base_batch_size``
 (mmengine's Runner does the scaling), e.g. 4 GPUs x 2 images on a 16-image recipe halve it.
+
+``--compile`` sets the config's ``compile=True``: mmengine compiles the model's ``train_step``
+with ``torch.compile`` (inductor); validation stays eager, and checkpoints are the eager
+model's (no ``_orig_mod.`` prefix). ``docs/speed.md`` says what compiles and what it gains.
 """
 import argparse
 import os
@@ -35,6 +40,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument('--auto-scale-lr', action='store_true',
                         help="scale the learning rate by the total batch over the config's "
                              'auto_scale_lr.base_batch_size (the recipe\'s batch)')
+    parser.add_argument('--compile', action='store_true',
+                        help="torch.compile the training step (the config's compile=True)")
     parser.add_argument('--cfg-options', nargs='+', action=DictAction,
                         help='override config settings, e.g. train_cfg.max_iters=100')
     parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
@@ -49,6 +56,8 @@ def build_config(args: argparse.Namespace) -> Config:
     cfg = load_config(args.config, args.launcher, args.cfg_options, args.work_dir)
     if args.amp:
         enable_amp(cfg)
+    if args.compile:
+        cfg.compile = True
     if args.auto_scale_lr:
         enable_auto_scale_lr(cfg)
     if args.resume == 'auto':

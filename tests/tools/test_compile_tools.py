@@ -1,0 +1,72 @@
+"""The tools' ``--compile``: mmengine's ``compile=True`` trains under tools/train.py and under
+mmseg's own train.py, and its checkpoint loads strictly into an eager model; tools/test.py
+--compile gives the eager mIoU on a checkpoint overfit to its images; tools/infer.py --compile
+writes the eager label maps; tools/benchmark.py --compile reports the compile time apart.
+Inductor compiles (C++ on this CPU, minutes): make test-extended."""
+import glob
+import json
+import re
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from nala_mm.config_loading import build_model_from_config
+from tests.helpers import run_tool, write_seg_config
+from tests.tools.test_segmentation import ITERS, OVERFIT
+from tests.tools.test_upstream_tools import upstream
+
+pytestmark = [pytest.mark.integration, pytest.mark.extended]
+
+
+def miou_of(log: str) -> float:
+    return float(re.search(r'metrics: aAcc=[\d.]+, mIoU=([\d.]+)', log).group(1))
+
+
+def test_compiled_training_under_both_train_tools_saves_an_eager_checkpoint(tmp_path, tiny_ade):
+    config = write_seg_config(tmp_path, tiny_ade, iters=2)
+    log = run_tool('tools/train.py', config, '--compile', '--work-dir', tmp_path / 'ours')
+    assert 'Model has been "compiled"' in log and re.search(r'Iter\(train\) \[2/2\]', log)
+    state = torch.load(tmp_path / 'ours' / 'iter_2.pth', map_location='cpu',
+                       weights_only=False)['state_dict']
+    assert not any('_orig_mod' in key for key in state)
+    eager, _ = build_model_from_config(config)
+    eager.load_state_dict(state, strict=True)  # every key, no prefix
+
+    upstream_cfg = write_seg_config(tmp_path, tiny_ade, iters=2, extra='compile = True\n',
+                                    name='compiled.py')
+    log = run_tool(upstream('mmseg', 'train.py'), upstream_cfg, '--work-dir',
+                   tmp_path / 'mmseg', cwd=tmp_path)
+    assert 'Model has been "compiled"' in log and re.search(r'Iter\(train\) \[2/2\]', log)
+
+
+def test_compiled_test_and_infer_give_the_eager_results(tmp_path, tiny_ade):
+    config = write_seg_config(tmp_path, tiny_ade, iters=ITERS, extra=OVERFIT)
+    run_tool('tools/train.py', config, '--work-dir', tmp_path / 'work')
+    ckpt = tmp_path / 'work' / f'iter_{ITERS}.pth'
+    eager = miou_of(run_tool('tools/test.py', config, ckpt, '--work-dir', tmp_path / 'eager'))
+    compiled_log = run_tool('tools/test.py', config, ckpt, '--compile', '--work-dir',
+                            tmp_path / 'compiled')
+    assert eager > 20  # far from chance (about 10): a wrong compiled path would show
+    assert miou_of(compiled_log) == pytest.approx(eager, abs=0.01)
+
+    maps = {}
+    for flag in ('', '--compile'):
+        out = tmp_path / f'infer{flag}'
+        run_tool('tools/infer.py', config, ckpt, tiny_ade / 'images' / 'training', '--out-dir',
+                 out, *([flag] if flag else []))
+        maps[flag] = [np.asarray(Image.open(p)) for p in sorted(glob.glob(str(out / 'pred' /
+                                                                             '*.png')))]
+    assert len(maps['']) == 4
+    agree = np.mean([np.mean(a == b) for a, b in zip(maps[''], maps['--compile'])])
+    assert agree > 0.999  # float32 rounding may flip a pixel on a near-tie
+
+
+def test_benchmark_tool_reports_the_compile_time_apart(tmp_path):
+    out = tmp_path / 'bench.json'
+    log = run_tool('tools/benchmark.py', 'configs/demo/ade20k_demo_nala_upernet.py', '--shape',
+                   '128', '128', '--warmup', '1', '--repeat', '2', '--compile', '--out', out)
+    assert re.search(r'compiled in [\d.]+ s \(the first call\)', log)
+    model, = json.loads(out.read_text())['models']
+    assert model['compile_seconds'] > 0 and model['latency_ms']['median'] > 0
