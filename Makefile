@@ -5,7 +5,7 @@ export PYTHONUNBUFFERED := 1
 
 .PHONY: setup lint test test-unit test-extended test-e2e test-cuda demo demo-det docs dist \
 	clean-demo longrange-data bench backbone-bench segmentor-bench swap-bench vit-bench \
-	vit-cityscapes-bench vitdet-bench amp-bench conv-bench deploy-bench ablation out-norm-study swap-study \
+	vit-cityscapes-bench vitdet-bench amp-bench conv-bench deploy-bench compile-bench ablation out-norm-study swap-study \
 	linearize linearize-choices linearize-iterations linearize-vitdet demo-results longrange flops-table
 
 setup:
@@ -82,6 +82,11 @@ vit-cityscapes-bench: setup
 # ViTDet-B: windows, global softmax and NaLa, backbone + SimpleFPN and the whole Mask R-CNN.
 vitdet-bench: setup
 	$(PY) -m benchmarks.speed.vitdet
+
+# torch.compile: graphs over the sizes users meet; compiled against eager for the NaLa layer,
+# NaLaFormer-T vs Swin-T, NaLa ViT vs fused SDPA and the UperNets (compile time apart).
+compile-bench: setup
+	$(PY) -m benchmarks.speed.compile
 
 # bf16 autocast against fp32, a training step of the demo segmentor.
 amp-bench: setup

@@ -5,7 +5,8 @@
 # speed benchmarks with --device cuda (benchmarks/results/speed/*_cuda.*); whole-model inference
 # through tools/benchmark.py, fp32 and fp16, NaLa against Swin-T in turns
 # (benchmarks/results/tools/inference_*_cuda.json); a 50-iteration AMP training run of the demo
-# segmentor; and attention transfer (tools/linearize.py) on CUDA.
+# segmentor; attention transfer (tools/linearize.py) on CUDA; and torch.compile through Triton
+# (benchmarks/speed/compile.py, and tools/benchmark.py --compile under fp16 autocast).
 #
 #     bash benchmarks/gpu_check.sh
 set -euo pipefail
@@ -31,6 +32,10 @@ $PY -m benchmarks.speed.vit --device cuda
 $PY -m benchmarks.speed.vitdet --device cuda --repeats 10 --warmup 3
 $PY -m benchmarks.speed.amp --device cuda
 
+echo '== torch.compile on CUDA: Triton through inductor (the compiled tests ran above with -m cuda)'
+$PY -m benchmarks.speed.compile --device cuda --parts layer --layer-sides 128 256 --repeats 10 --warmup 3
+$PY -m benchmarks.speed.compile --device cuda --parts backbone vit upernet --repeats 10 --warmup 3
+
 echo '== whole-model inference (tools/benchmark.py): UperNet + all-linear NaLaFormer-T vs Swin-T'
 SWIN=mmseg::swin/swin-tiny-patch4-window7-in1k-pre_upernet_8xb2-160k_ade20k-512x512.py
 for SIZE in 512 2048; do
@@ -38,6 +43,9 @@ for SIZE in 512 2048; do
       --warmup 5 --repeat 20 --compare $SWIN --out "$TOOLS_OUT/inference_${SIZE}_cuda.json"
   $PY tools/benchmark.py configs/ade20k_nala-t-linear_upernet.py --shape $SIZE $SIZE --device cuda \
       --amp --warmup 5 --repeat 20 --compare $SWIN --out "$TOOLS_OUT/inference_${SIZE}_fp16_cuda.json"
+  $PY tools/benchmark.py configs/ade20k_nala-t-linear_upernet.py --shape $SIZE $SIZE --device cuda \
+      --compile --amp --warmup 5 --repeat 20 --compare $SWIN \
+      --out "$TOOLS_OUT/inference_${SIZE}_fp16_compiled_cuda.json"
 done
 
 echo '== 50-iteration AMP training run of the demo segmentor'

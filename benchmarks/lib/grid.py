@@ -10,7 +10,9 @@ single timed call where rounds would take too long: then every model of the case
 one round, and a case of one model is timed by the call its memory process makes.
 
 The benchmark's own module is the child: started as ``python -m MODULE --case JSON``, it answers
-with :func:`grid_case` and a ``make_step(model, case)`` that returns one call to measure.
+with :func:`grid_case` and a ``make_step(model, case)`` that returns one call to measure. A step
+that carries a ``setup_s`` attribute (seconds ``make_step`` spent on its first call, e.g.
+compiling it) has it recorded in its row, from the memory process (the first to build it).
 
     rows = run_grid(__spec__.name, cases, repeats=3, warmup=1, device='cpu')
 """
@@ -126,7 +128,8 @@ def grid_case(case: dict, make_step: MakeStep) -> dict:
         start = time.perf_counter()
         peak = peak_memory_mib(step, device)
         single = dict(ms=(time.perf_counter() - start) * 1e3) if case.get('single_call') else {}
-        return dict(peak_mib=peak, **single)
+        setup = {'setup_s': step.setup_s} if hasattr(step, 'setup_s') else {}
+        return dict(peak_mib=peak, **single, **setup)
     if case['repeats'] == 1 and case['warmup'] == 0:  # too long for rounds: one call each
         calls = {name: median_ms(step, 1, device, warmup=0) for name, step in steps.items()}
         return {name: dict(median_ms=ms, best_ms=ms, times_ms=[ms]) for name, ms in calls.items()}

@@ -60,3 +60,25 @@ def test_inductor_matches_eager_at_two_sizes(name, device):
             assert rel_err(got, want) < 1e-4, (shape, rel_err(got, want))
         assert all(g is not None for g in comp_grads)  # every parameter is reached
         assert max(grad_errors(comp_grads, eager_grads)) < 1e-3, shape
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='no CUDA device')
+@pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize('name', ['nala-mixer', 'nalaformer'])
+def test_inductor_under_autocast_matches_eager_on_cuda(name, dtype):
+    """Triton code under fp16 / bf16 autocast against eager under the same autocast: NaLa's
+    feature maps and state stay float32 in both, so they agree to the 16-bit rounding."""
+    build, shapes = MODELS[name]
+    torch.manual_seed(0)
+    module = build().cuda().eval()
+    module.init_weights()
+    dynamo.reset()
+    compiled = torch.compile(module, fullgraph=True, dynamic=False)
+    x = torch.randn(*shapes[0], device='cuda')
+    with torch.autocast('cuda', dtype=dtype):
+        eager_out, eager_grads = loss_and_grads(module, module, x)
+        comp_out, comp_grads = loss_and_grads(compiled, module, x)
+    for got, want in zip(comp_out, eager_out):
+        assert torch.isfinite(got).all() and rel_err(got.float(), want.float()) < 2e-2
+    assert max(grad_errors(comp_grads, eager_grads)) < 5e-2

@@ -1,0 +1,350 @@
+"""torch.compile benchmark: what inductor gains over eager, and how many graphs the sizes a user
+meets compile.
+
+Parts (``--parts``; each run replaces its parts' rows in the JSON and keeps the others'):
+
+* ``recompiles``: graphs compiled by :func:`nala_mm.compile.compile_feature_extraction` (dynamic
+  sizes, dynamo's graph capture with ``backend='eager'``: the guards, without code generation)
+  over each size sequence of :data:`SIZE_SEQUENCES`, after each size;
+* ``layer``: the NaLa layer (NaLaFormer-T's stage-1 shape, C = 64, one head, channels-last
+  tokens), forward + backward at 4,096 and 16,384 tokens: eager reference (plain ops), eager
+  fast (the hand-written nodes) and compiled (inductor, which takes the reference formula); on
+  CUDA also global softmax through SDPA (FlashAttention), compiled, and ``--layer-sides 128 256``
+  reaches 65,536 tokens;
+* ``nodes``: each hand-written node of ``nala_mm/ops`` at NaLaFormer-T's stage-1 training shapes
+  (a 512² crop, batch 2: 128 x 128 tokens, C = 64), forward + backward: eager fast, eager
+  reference and the compiled reference. The page's keep / remove table applies the rule a node
+  earns its place by: at least 5 % faster than the eager reference (median per-round time
+  ratio) or at least 10 % less peak memory;
+* ``backbone``: the all-linear NaLaFormer-T against Swin-T, each eager and compiled: the
+  training step (batch 2) at 512² and 1024², the forward at 2048²;
+* ``vit``: NaLa ViT-S / ViT-B against the same ViT with fused SDPA, both compiled: forward at
+  1024² and 2048²;
+* ``upernet``: UperNet + all-linear NaLaFormer-T against UperNet + Swin-T, both with their
+  feature extraction compiled (the tools' ``--compile``): inference at 2048².
+
+Compiled models are compiled with static sizes in their own process (training compiles one
+shape) and called once before measuring; that first call's seconds are the row's ``setup_s``,
+taken in the memory process with an empty inductor cache (the timing process then reuses
+inductor's on-disk cache). On :func:`benchmarks.lib.grid.run_grid`: peak memory per model in a
+process of its own, the models of a case timed in turns. Results:
+benchmarks/results/speed/compile.{json,md,png}; discussed in docs/speed.md.
+
+    python -m benchmarks.speed.compile                            # every part (make compile-bench)
+    python -m benchmarks.speed.compile --parts recompiles layer
+    python -m benchmarks.speed.compile --device cuda --parts layer --layer-sides 128 256
+    python -m benchmarks.speed.compile --report-only
+"""
+import argparse
+import os
+import os.path as osp
+import tempfile
+import time
+from typing import Dict, List
+
+import torch
+
+from nala_mm.analysis.measure import Step, device_name
+
+from ..lib import report
+from ..lib.grid import grid_cli, per_round_ratio, run_grid
+from ..lib.paths import REPO
+from ..lib.provenance import code_version
+from ..lib.sweep import backbone_step
+
+NALA_SEG = osp.join(REPO, 'configs', 'ade20k_nala-t-linear_upernet.py')
+# Sizes as the test pipelines hand them to the model: ADE20K's Resize to (2048, 512) with keep
+# ratio (short side 512), slide windows of 512 over larger images, COCO's (1333, 800) keep-ratio
+# resize (mmdet's preprocessor pads to 32), the ViT at sizes other than its 512² embedding.
+SIZE_SEQUENCES: Dict[str, dict] = {
+    'mmseg whole image': dict(config=NALA_SEG, cfg_options={},
+                              sizes=[(512, 683), (512, 512), (512, 768), (683, 512), (512, 1024)]),
+    'mmseg slide windows': dict(
+        config=NALA_SEG, sizes=[(512, 683), (512, 910), (640, 1280)],
+        cfg_options={'model.test_cfg': dict(mode='slide', crop_size=(512, 512),
+                                            stride=(341, 341))}),
+    'mmdet 1333x800, padded to 32': dict(
+        config=osp.join(REPO, 'configs', 'coco_nala-t-linear_mask-rcnn_1x.py'), cfg_options={},
+        sizes=[(800, 1067), (1067, 800), (750, 1333), (800, 800), (800, 1201), (600, 1333)]),
+    'ViT-S, interpolated position embedding': dict(
+        config=osp.join(REPO, 'configs', 'swap', 'ade20k_deit-s_upernet_nala-all.py'),
+        cfg_options={},
+        sizes=[(512, 683), (512, 512), (683, 512), (512, 1024), (640, 853), (768, 1024),
+               (683, 910)]),
+}
+PARTS = {
+    'layer': dict(models=['layer@reference', 'layer@fast', 'layer@compiled']),  # --layer-sides
+    'nodes': dict(models=[f'{node}@{engine}' for node in ('attention', 'gated_norm', 'gelu_conv',
+                                                          'lepe_conv') for engine in
+                          ('fast', 'reference', 'compiled')], cases=[('train', 128, 2)]),
+    'backbone': dict(models=['nala_t_linear@eager', 'nala_t_linear@compiled', 'swin_t@eager',
+                             'swin_t@compiled'],
+                     cases=[('train', 512, 2), ('train', 1024, 2), ('fwd', 2048, 1)]),
+    'vit': dict(models=['vit_s_nala@compiled', 'vit_s_sdpa@compiled', 'vit_b_nala@compiled',
+                        'vit_b_sdpa@compiled'],
+                cases=[('fwd', 1024, 1), ('fwd', 2048, 1)]),
+    'upernet': dict(models=['nala_t_linear@compiled', 'swin_t@compiled'],
+                    cases=[('fwd', 2048, 1)]),
+}
+# per part: (model, the model it is compared with); the page's ratio column
+# the GPU's softmax baseline: SDPA's fused FlashAttention kernels have no CPU counterpart
+CUDA_MODELS = {'layer': ['sdpa@compiled']}
+RATIOS = {'layer': [('layer@compiled', 'layer@fast'), ('layer@compiled', 'layer@reference'),
+                    ('layer@fast', 'layer@reference'), ('layer@compiled', 'sdpa@compiled')],
+          'nodes': [(f'{node}@fast', f'{node}@{other}') for node in
+                    ('attention', 'gated_norm', 'gelu_conv', 'lepe_conv')
+                    for other in ('reference', 'compiled')],
+          'backbone': [('nala_t_linear@compiled', 'nala_t_linear@eager'),
+                       ('swin_t@compiled', 'swin_t@eager'),
+                       ('swin_t@eager', 'nala_t_linear@eager'),
+                       ('swin_t@compiled', 'nala_t_linear@compiled')],
+          'vit': [('vit_s_sdpa@compiled', 'vit_s_nala@compiled'),
+                  ('vit_b_sdpa@compiled', 'vit_b_nala@compiled')],
+          'upernet': [('swin_t@compiled', 'nala_t_linear@compiled')]}
+
+
+def count_compilations(name: str) -> List[int]:
+    """Graphs compiled after each size of ``SIZE_SEQUENCES[name]`` (dynamo with the eager
+    backend: the same guards inductor gets)."""
+    from nala_mm.compile import compile_feature_extraction
+    from nala_mm.config_loading import build_model_from_config
+    from nala_mm.data_samples import synthetic_batch
+    sequence = SIZE_SEQUENCES[name]
+    torch._dynamo.reset()
+    options = dict(sequence['cfg_options'], **{'model.backbone.init_cfg': None})
+    model, scope = build_model_from_config(sequence['config'], options)
+    compiled = compile_feature_extraction(model, backend='eager')
+    counts = []
+    for height, width in sequence['sizes']:
+        with torch.no_grad():
+            model.test_step(synthetic_batch(scope, 1, height, width))
+        counts.append(compiled.compilations)
+    return counts
+
+
+def build(part: str, base: str, engine: str, device: str):
+    """The module ``base`` of ``part``, on ``device``, as ``engine`` runs it (not compiled)."""
+    if part == 'layer':
+        from nala_mm.models import NormAwareLinearAttention
+        if base == 'sdpa':
+            from nala_mm.models.mixer_specs import build_mixer, mixer_config
+            return build_mixer(mixer_config('sdpa'), embed_dims=64, num_heads=1).to(device)
+        mode = 'fast' if engine == 'fast' else 'reference'
+        return NormAwareLinearAttention(64, 1, kernel='relu', mode=mode).to(device)
+    if part == 'backbone':
+        from .backbone import build_backbone
+        return build_backbone(base).to(device)
+    if part == 'vit':
+        from .vit import build as build_vit
+        _, width, kind = base.split('_')
+        return build_vit(width, kind).to(device)
+    from nala_mm.config_loading import build_model_from_config
+
+    from .segmentor import SEGMENTORS
+    model, _ = build_model_from_config(SEGMENTORS[base]['config'],
+                                       {'model.backbone.init_cfg': None})
+    return model.to(device)
+
+
+def node_call(node: str, side: int, batch: int, mode: str, device: str):
+    """One op of ``nala_mm.ops`` in ``mode`` on stage-1 shapes, as ``(fn, inputs)``."""
+    from nala_mm import ops
+    tokens = dict(device=device, requires_grad=True)
+    if node == 'attention':
+        rope = tuple(t.to(device) for t in ops.rope_table(side, side, 64))
+        cfg = ops.NaLaConfig(kernel='relu')
+        inputs = [torch.randn(batch, 1, side * side, 64, **tokens) for _ in range(3)]
+        return (lambda q, k, v: ops.nala_attention(q, k, v, cfg, rope, mode=mode)), inputs
+    if node == 'gated_norm':
+        inputs = [torch.randn(batch, side, side, 64, **tokens) for _ in range(2)] + \
+            [torch.ones(64, **tokens), torch.zeros(64, **tokens)]
+        return (lambda s, g, w, b: ops.gated_norm(s, g, (64,), w, b, mode=mode)), inputs
+    channels, kernel = (256, 3) if node == 'gelu_conv' else (64, 5)  # FFN dwconv / LePE
+    x = torch.randn(batch, channels, side, side, device=device).to(
+        memory_format=torch.channels_last).requires_grad_(True)
+    inputs = [x, torch.randn(channels, 1, kernel, kernel, **tokens),
+              torch.zeros(channels, **tokens)]
+    pad = (kernel // 2,) * 2
+    if node == 'gelu_conv':
+        return (lambda a, w, b: ops.gelu_conv(a, w, b, pad, channels, mode=mode)), inputs
+    return (lambda a, w, b: ops.conv2d(a, w, b, padding=pad, groups=channels, mode=mode)), inputs
+
+
+def make_step(name: str, case: dict) -> Step:
+    part, (base, engine), device = case['part'], name.split('@'), case['device']
+    side, batch, mode = case['side'], case['batch'], case['mode']
+    if part == 'nodes':
+        fn, inputs = node_call(base, side, batch, 'fast' if engine == 'fast' else 'reference',
+                               device)
+        fn = torch.compile(fn, dynamic=False) if engine == 'compiled' else fn
+        grad = torch.randn_like(fn(*inputs))
+
+        def step() -> None:
+            fn(*inputs).backward(grad)
+            for t in inputs:
+                t.grad = None
+        return _timed_first_call(step, device) if engine == 'compiled' else step
+    module = build(part, base, engine, device)
+    if part == 'layer':
+        x = torch.randn(batch, side, side, 64, device=device, requires_grad=True)
+        grad = torch.randn_like(x)
+        fn = torch.compile(module, dynamic=False) if engine == 'compiled' else module
+
+        def step() -> None:
+            fn(x).backward(grad)
+            x.grad = None
+            module.zero_grad(set_to_none=True)
+    elif part == 'upernet':
+        from nala_mm.compile import compile_feature_extraction
+        compile_feature_extraction(module.eval())  # as the tools compile it: dynamic sizes
+        images = torch.randn(batch, 3, side, side, device=device)
+
+        def step() -> None:
+            with torch.no_grad():
+                module(images, mode='tensor')
+    else:
+        fn = torch.compile(module, dynamic=False) if engine == 'compiled' else module
+        step = backbone_step(fn, torch.randn(batch, 3, side, side, device=device), mode)
+    return _timed_first_call(step, device) if engine == 'compiled' else step
+
+
+def _timed_first_call(step: Step, device: str) -> Step:
+    """``step`` after its first, compiling call, whose seconds it carries as ``setup_s``."""
+    start = time.perf_counter()
+    step()
+    if device == 'cuda':
+        torch.cuda.synchronize()
+    step.setup_s = time.perf_counter() - start
+    return step
+
+
+# ------------------------------------------------------------------------------ the page
+def ratio_rows(rows: List[dict]) -> List[dict]:
+    """Each comparison of :data:`RATIOS` per case: time as the median of per-round ratios (the
+    second model's time over the first's: > 1 means the first is faster), memory plainly."""
+    found = []
+    for row in rows:
+        for first, second in RATIOS.get(row['part'], []):
+            if row['model'] != first:
+                continue
+            other = next((r for r in rows if r['part'] == row['part'] and r['model'] == second
+                          and r['mode'] == row['mode'] and r['side'] == row['side']), None)
+            if other is None:
+                continue
+            found.append(dict(part=row['part'], mode=row['mode'], side=row['side'],
+                              faster=first, slower=second,
+                              speedup=per_round_ratio(other, row),
+                              memory_ratio=(row['mib'] / other['mib']
+                                            if row.get('mib') and other.get('mib') else None)))
+    return found
+
+
+KEEP_SPEEDUP, KEEP_MEMORY = 1.05, 0.90  # >= 5 % faster, or >= 10 % less peak memory
+
+
+def keep_rows(ratios: List[dict]) -> List[list]:
+    """Per node: its eager gains over the reference, against compiled code, and the verdict."""
+    rows = []
+    for node in ('attention', 'gated_norm', 'gelu_conv', 'lepe_conv'):
+        found = {r['slower'].split('@')[1]: r for r in ratios
+                 if r['part'] == 'nodes' and r['faster'] == f'{node}@fast'}
+        eager, compiled = found.get('reference'), found.get('compiled')
+        if eager is None or eager['speedup'] is None:
+            continue
+        keep = eager['speedup'] >= KEEP_SPEEDUP or (eager['memory_ratio'] or 1) <= KEEP_MEMORY
+        rows.append([node, report.fmt(eager['speedup'], 2), report.fmt(eager['memory_ratio'], 2),
+                     report.fmt(compiled and compiled['speedup'], 2),
+                     'keep' if keep else 'remove'])
+    return rows
+
+
+def write_outputs(saved: dict, stem: str) -> None:
+    saved['ratios'] = ratio_rows(saved['rows'])
+    report.write_json(stem + '.json', saved)
+    runs = ', '.join(f"{part}: {run['repeats']} timed rounds in turns after {run['warmup']} "
+                     'warm-up' for part, run in saved.get('runs', {}).items())
+    lines = [f"# torch.compile\n\n{saved['device']}, torch {saved['torch']}, code "
+             f"{saved['commit']}. {runs or 'No timed part has run.'}\n",
+             '## Graphs compiled over the sizes users meet\n']
+    lines += report.markdown_table(
+        ['size sequence', 'sizes (H, W)', 'graphs after each size'],
+        [[name, ', '.join(f'{h}x{w}' for h, w in SIZE_SEQUENCES[name]['sizes']), counts]
+         for name, counts in saved.get('recompiles', {}).items()])
+    lines += ['', '## Time and memory\n']
+    lines += report.markdown_table(
+        ['part', 'mode', 'side', 'model', 'ms (median)', 'peak MiB', 'compile s'],
+        [[r['part'], r['mode'], r['side'], r['model'], report.fmt(r.get('ms')),
+          report.fmt(r.get('mib'), 0), report.fmt(r.get('setup_s'))] for r in saved['rows']])
+    lines += ['', '## Ratios (the second model\'s time over the first\'s)\n']
+    lines += report.markdown_table(
+        ['part', 'mode', 'side', 'first', 'second', 'speed-up', 'memory first / second'],
+        [[r['part'], r['mode'], r['side'], r['faster'], r['slower'], report.fmt(r['speedup'], 2),
+          report.fmt(r['memory_ratio'], 2)] for r in saved['ratios']])
+    lines += ['', '## The hand-written nodes: keep or remove\n']
+    lines += report.markdown_table(
+        ['node', 'eager fast vs eager reference: speed-up', 'peak memory fast / reference',
+         'eager fast vs compiled reference: speed-up', 'verdict'], keep_rows(saved['ratios']))
+    report.write_markdown(stem + '.md', lines)
+    plot(saved['ratios'], stem + '.png')
+
+
+def plot(ratios: List[dict], path: str) -> None:
+    plt = report.pyplot()
+    shown = [r for r in ratios if r['speedup']]
+    fig, ax = plt.subplots(figsize=(9, 0.45 * len(shown) + 1.5))
+    labels = [f"{r['part']} {r['mode']} {r['side']}: {r['faster']} vs {r['slower']}"
+              for r in shown]
+    ax.barh(range(len(shown)), [r['speedup'] for r in shown], color='tab:blue')
+    ax.axvline(1.0, color='black', lw=0.8)
+    ax.set_yticks(range(len(shown)), labels, fontsize=8)
+    ax.set_xscale('log')
+    ax.set_xlabel('speed-up (second model time / first model time, median of rounds)')
+    ax.set_title('torch.compile: speed-ups measured in turns')
+    report.save_figure(fig, path)
+
+
+def arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument('--parts', nargs='+', choices=['recompiles', *PARTS],
+                        default=['recompiles', *PARTS])
+    parser.add_argument('--layer-sides', nargs='+', type=int, default=[64, 128],
+                        help='square token grids of the layer part (64: 4,096 tokens)')
+    parser.add_argument('--repeats', type=int, default=3, help='timed rounds in turns')
+    parser.add_argument('--warmup', type=int, default=1, help='untimed rounds before timing')
+    parser.add_argument('--timeout', type=int, default=3600, help='seconds per measurement')
+
+
+def main() -> None:
+    parsed = grid_cli(__doc__, 'compile', make_step, write_outputs, arguments)
+    if parsed is None:
+        return
+    args, stem = parsed
+    os.makedirs(args.out, exist_ok=True)
+    saved = (report.read_json(stem + '.json') if osp.exists(stem + '.json')
+             else dict(rows=[], recompiles={}))
+    saved.update(commit=code_version(), device=device_name(args.device),
+                 torch=torch.__version__)
+    if 'recompiles' in args.parts:
+        saved['recompiles'] = {name: count_compilations(name) for name in SIZE_SEQUENCES}
+        write_outputs(saved, stem)
+    # an empty inductor cache for this run: each compiled model's first call really compiles
+    os.environ['TORCHINDUCTOR_CACHE_DIR'] = tempfile.mkdtemp(prefix='nala-compile-bench-')
+    for part in (p for p in PARTS if p in args.parts):
+        kept = [r for r in saved['rows'] if r['part'] != part]
+        saved.setdefault('runs', {})[part] = dict(repeats=args.repeats, warmup=args.warmup)
+        plan = ([('train', side, 1) for side in args.layer_sides] if part == 'layer'
+                else PARTS[part]['cases'])
+        models = PARTS[part]['models'] + (CUDA_MODELS.get(part, []) if args.device == 'cuda'
+                                          else [])
+        cases = [(dict(part=part, mode=mode, side=side, batch=batch), models)
+                 for mode, side, batch in plan]
+        rows = run_grid(__spec__.name, cases, repeats=args.repeats, warmup=args.warmup,
+                        device=args.device, timeout=args.timeout, desc=f'compile {part}',
+                        after_case=lambda done, kept=kept: write_outputs(
+                            dict(saved, rows=kept + done), stem))
+        saved['rows'] = kept + rows
+        write_outputs(saved, stem)
+    print(open(stem + '.md').read())
+
+
+if __name__ == '__main__':
+    main()
