@@ -5,7 +5,8 @@ Parts (``--parts``; each run replaces its parts' rows in the JSON and keeps the 
 
 * ``recompiles``: graphs compiled by :func:`nala_mm.compile.compile_feature_extraction` (dynamic
   sizes, dynamo's graph capture with ``backend='eager'``: the guards, without code generation)
-  over each size sequence of :data:`SIZE_SEQUENCES`, after each size;
+  over each size sequence of :data:`nala_mm.analysis.recompiles.SIZE_SEQUENCES`, after each
+  size;
 * ``layer``: the NaLa layer (NaLaFormer-T's stage-1 shape, C = 64, one head, channels-last
   tokens), forward + backward at 4,096 and 16,384 tokens: eager reference (plain ops), eager
   fast (the hand-written nodes) and compiled (inductor, which takes the reference formula); on
@@ -40,38 +41,18 @@ import os
 import os.path as osp
 import tempfile
 import time
-from typing import Dict, List
+from typing import List
 
 import torch
 
 from nala_mm.analysis.measure import Step, device_name
+from nala_mm.analysis.recompiles import SIZE_SEQUENCES, count_compilations
 
 from ..lib import report
 from ..lib.grid import grid_cli, per_round_ratio, run_grid
-from ..lib.paths import REPO
 from ..lib.provenance import code_version
 from ..lib.sweep import backbone_step
 
-NALA_SEG = osp.join(REPO, 'configs', 'ade20k_nala-t-linear_upernet.py')
-# Sizes as the test pipelines hand them to the model: ADE20K's Resize to (2048, 512) with keep
-# ratio (short side 512), slide windows of 512 over larger images, COCO's (1333, 800) keep-ratio
-# resize (mmdet's preprocessor pads to 32), the ViT at sizes other than its 512² embedding.
-SIZE_SEQUENCES: Dict[str, dict] = {
-    'mmseg whole image': dict(config=NALA_SEG, cfg_options={},
-                              sizes=[(512, 683), (512, 512), (512, 768), (683, 512), (512, 1024)]),
-    'mmseg slide windows': dict(
-        config=NALA_SEG, sizes=[(512, 683), (512, 910), (640, 1280)],
-        cfg_options={'model.test_cfg': dict(mode='slide', crop_size=(512, 512),
-                                            stride=(341, 341))}),
-    'mmdet 1333x800, padded to 32': dict(
-        config=osp.join(REPO, 'configs', 'coco_nala-t-linear_mask-rcnn_1x.py'), cfg_options={},
-        sizes=[(800, 1067), (1067, 800), (750, 1333), (800, 800), (800, 1201), (600, 1333)]),
-    'ViT-S, interpolated position embedding': dict(
-        config=osp.join(REPO, 'configs', 'swap', 'ade20k_deit-s_upernet_nala-all.py'),
-        cfg_options={},
-        sizes=[(512, 683), (512, 512), (683, 512), (512, 1024), (640, 853), (768, 1024),
-               (683, 910)]),
-}
 PARTS = {
     'layer': dict(models=['layer@reference', 'layer@fast', 'layer@compiled']),  # --layer-sides
     'nodes': dict(models=[f'{node}@{engine}' for node in ('attention', 'gated_norm', 'gelu_conv',
@@ -101,25 +82,6 @@ RATIOS = {'layer': [('layer@compiled', 'layer@fast'), ('layer@compiled', 'layer@
           'vit': [('vit_s_sdpa@compiled', 'vit_s_nala@compiled'),
                   ('vit_b_sdpa@compiled', 'vit_b_nala@compiled')],
           'upernet': [('swin_t@compiled', 'nala_t_linear@compiled')]}
-
-
-def count_compilations(name: str) -> List[int]:
-    """Graphs compiled after each size of ``SIZE_SEQUENCES[name]`` (dynamo with the eager
-    backend: the same guards inductor gets)."""
-    from nala_mm.compile import compile_feature_extraction
-    from nala_mm.config_loading import build_model_from_config
-    from nala_mm.data_samples import synthetic_batch
-    sequence = SIZE_SEQUENCES[name]
-    torch._dynamo.reset()
-    options = dict(sequence['cfg_options'], **{'model.backbone.init_cfg': None})
-    model, scope = build_model_from_config(sequence['config'], options)
-    compiled = compile_feature_extraction(model, backend='eager')
-    counts = []
-    for height, width in sequence['sizes']:
-        with torch.no_grad():
-            model.test_step(synthetic_batch(scope, 1, height, width))
-        counts.append(compiled.compilations)
-    return counts
 
 
 def build(part: str, base: str, engine: str, device: str):

@@ -10,12 +10,10 @@ fast NaLa path). One process, same weights, same input:
     round), so load drift on a shared machine reaches both; reported as medians, minima and the
     median of the per-round ratios ONNX Runtime / PyTorch. (Not on the grid of the other speed
     benchmarks: the engines share one exported graph and its session, in one process.)
-  * torch.compile: what its graph capture (dynamo, ``backend='eager'``: no code generation)
-    makes of the model: graphs, graph breaks with their reasons, and graphs added when the input
-    size changes. ``--compile`` also times inductor-compiled code (slow to compile on CPU).
+torch.compile is measured in benchmarks/speed/compile.py.
 Results: benchmarks/results/speed/deploy.{json,md,png}; discussed in docs/deploy.md.
 
-    python -m benchmarks.speed.deploy [--sides 512 1024] [--repeats 5 3] [--compile]
+    python -m benchmarks.speed.deploy [--sides 512 1024] [--repeats 5 3]
     python -m benchmarks.speed.deploy --report-only    # the page and plot from the JSON
 """
 import argparse
@@ -23,7 +21,6 @@ import os
 import os.path as osp
 import tempfile
 import time
-from collections import Counter
 from statistics import median
 from typing import Dict, List
 
@@ -38,9 +35,6 @@ from nala_mm.models import LinearAttention, NormAwareLinearAttention, SoftmaxAtt
 from ..lib import report
 from ..lib.paths import REPO, SPEED_RESULTS
 
-# torch.compile's capture is examined on one model: the hybrid has the same NaLa layers (stages
-# 1-2), and capturing is slow.
-CAPTURED_MODEL = 'nala_t_linear'
 MODELS: Dict[str, dict] = {
     'nala_t_linear': dict(label='UperNet + NaLaFormer-T (all linear)',
                           config=osp.join(REPO, 'configs', 'ade20k_nala-t-linear_upernet.py')),
@@ -92,58 +86,6 @@ def measure_onnx(module, session, side: int, repeats: int) -> dict:
     return dict(side=side, rel_l2=error, **timing_summary(times))
 
 
-def dynamo_capture(module, sides: List[int]) -> dict:
-    """Graphs and graph breaks of torch.compile's capture, and the graphs a new size adds."""
-    import torch._dynamo as dynamo
-    from torch._dynamo.utils import counters
-    dynamo.reset()
-    counters.clear()
-    compiled = torch.compile(module, backend='eager')
-    graphs = []
-    start = time.perf_counter()
-    for side in sides:
-        with torch.no_grad():
-            compiled(torch.randn(1, 3, side, side))
-        graphs.append(counters['stats']['unique_graphs'])
-    reasons = Counter()
-    for reason, count in counters['graph_break'].items():
-        reasons[reason.splitlines()[0][:160]] += count
-    dynamo.reset()
-    return dict(sides=sides, graphs_after_each_size=graphs,
-                graph_breaks=sum(counters['graph_break'].values()),
-                break_reasons=dict(reasons.most_common(5)),
-                capture_s=time.perf_counter() - start)
-
-
-def time_inductor(module, sides: List[int], repeats: List[int]) -> List[dict]:
-    """Inductor-compiled code vs eager: compile time of each size's first call, then times."""
-    import torch._dynamo as dynamo
-    dynamo.reset()
-    compiled = torch.compile(module)
-    rows = []
-    for side, rounds in zip(sides, repeats):
-        image = torch.randn(1, 3, side, side)
-        start = time.perf_counter()
-        with torch.no_grad():
-            out = compiled(image)
-            expected = module(image)
-        first_s = time.perf_counter() - start
-
-        def run(fn):
-            def step():
-                with torch.no_grad():
-                    fn(image)
-            return step
-
-        times = interleaved_ms(dict(eager=run(module), compiled=run(compiled)), rounds)
-        rows.append(dict(side=side, first_call_s=first_s,
-                         rel_l2=relative_l2(out.numpy(), expected.numpy()),
-                         eager_median_ms=median(times['eager']),
-                         compiled_median_ms=median(times['compiled']), times_ms=times))
-    dynamo.reset()
-    return rows
-
-
 def report_lines(result: dict) -> List[str]:
     """The markdown page of a run."""
     load = ', '.join(f'{a:.1f} -> {b:.1f}' for a, b in zip(result['load_average_start'],
@@ -166,27 +108,6 @@ def report_lines(result: dict) -> List[str]:
          for model in result['models'].values() for row in model['onnx']])
     lines += ['', 'Export time (dynamic H, W): ' + ', '.join(
         f'{m["label"]} {m["export_s"]:.0f} s' for m in result['models'].values()) + '.']
-    lines += ['', '## torch.compile', '',
-              'Graph capture only (dynamo, `backend="eager"`, no code generation), the sizes in '
-              'turn:', '']
-    captured = [(model['label'], model['dynamo']) for model in result['models'].values()
-                if 'dynamo' in model]
-    lines += report.markdown_table(
-        ['model', 'sides', 'graphs after each size', 'graph breaks', 'top break reasons'],
-        [[label, capture['sides'], capture['graphs_after_each_size'], capture['graph_breaks'],
-          '; '.join(f'{count}x {reason}' for reason, count in
-                    capture['break_reasons'].items()) or '-'] for label, capture in captured])
-    inductor = [(m['label'], row) for m in result['models'].values()
-                for row in m.get('inductor', [])]
-    if inductor:
-        lines += ['']
-        lines += report.markdown_table(
-            ['model', 'side', 'first call (compile) s', 'compiled ms', 'eager ms',
-             'rel. L2 error'],
-            [[label, row['side'], f"{row['first_call_s']:.0f}", f"{row['compiled_median_ms']:.0f}",
-              f"{row['eager_median_ms']:.0f}", f"{row['rel_l2']:.1e}"] for label, row in inductor])
-    else:
-        lines += ['', 'Inductor code was not timed in this run (`--compile` not given).']
     return lines
 
 
@@ -218,8 +139,6 @@ def main() -> None:
     parser.add_argument('--repeats', nargs='+', type=int, default=[5, 3],
                         help='timed rounds per side (one number for all, or one per side)')
     parser.add_argument('--models', nargs='+', choices=list(MODELS), default=list(MODELS))
-    parser.add_argument('--compile', action='store_true',
-                        help='also time inductor-compiled code (minutes of compilation)')
     parser.add_argument('--out', default=SPEED_RESULTS, help='output folder')
     report.add_report_only_argument(parser, 'deploy')
     args = parser.parse_args()
@@ -255,11 +174,6 @@ def main() -> None:
                       flush=True)
             del session
             os.remove(path)
-            if name == CAPTURED_MODEL:
-                entry['dynamo'] = dynamo_capture(module, args.sides)
-                print(name, 'dynamo', entry['dynamo'], flush=True)
-            if args.compile:
-                entry['inductor'] = time_inductor(module, args.sides, repeats)
             result['models'][name] = entry
     result['total_s'] = time.perf_counter() - start
     result['load_average_end'] = os.getloadavg()

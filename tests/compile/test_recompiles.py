@@ -4,13 +4,13 @@ a size sequence, and stops with an error at its recompile limit instead of runni
 silently; the state dict is the eager model's. Graph capture through ``backend='eager'``
 (dynamo's guards, no code generation): the counts are the ones inductor gets.
 
-The size sequences users meet at full size (benchmarks/speed/compile.py, whose page reports
-their counts) are bounded in make test-extended."""
+The size sequences users meet at full size (nala_mm.analysis.recompiles; the compile
+benchmark's page reports their counts) are bounded in make test-extended."""
 import pytest
 import torch
 from torch import nn
 
-from benchmarks.speed.compile import SIZE_SEQUENCES, count_compilations
+from nala_mm.analysis.recompiles import SIZE_SEQUENCES, count_compilations
 from nala_mm.compile import RECOMPILE_LIMIT, compile_feature_extraction, feature_extractor
 from nala_mm.config_loading import build_model_from_config
 from nala_mm.data_samples import synthetic_batch

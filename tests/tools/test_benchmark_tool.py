@@ -26,14 +26,17 @@ def case(**extra):
 
 
 def test_the_inference_step_runs_a_whole_segmentor_at_the_given_shape(tool):
-    outputs = tool.inference_step(DEMO_SEG_CFG, case())()
+    step, compile_seconds = tool.inference_step(DEMO_SEG_CFG, case())
+    assert compile_seconds is None  # not compiled
+    outputs = step()
     assert len(outputs) == 2
     assert all(o.pred_sem_seg.data.shape == (1, 64, 96) for o in outputs)
     assert all(o.seg_logits.data.shape == (6, 64, 96) for o in outputs)  # the demo's 6 classes
 
 
 def test_the_inference_step_runs_a_whole_detector(tool):
-    outputs = tool.inference_step(DEMO_DET_CFG, case(shape=[128, 128], batch=1))()
+    step, _ = tool.inference_step(DEMO_DET_CFG, case(shape=[128, 128], batch=1))
+    outputs = step()
     (sample,) = outputs
     assert {'bboxes', 'scores', 'labels', 'masks'} <= set(sample.pred_instances.keys())
     assert sample.pred_instances.masks.shape[-2:] == (128, 128)
