@@ -16,7 +16,11 @@ Parts (``--parts``; each run replaces its parts' rows in the JSON and keeps the 
   (a 512² crop, batch 2: 128 x 128 tokens, C = 64), forward + backward: eager fast, eager
   reference and the compiled reference. The page's keep / remove table applies the rule a node
   earns its place by: at least 5 % faster than the eager reference (median per-round time
-  ratio) or at least 10 % less peak memory;
+  ratio) or at least 10 % less peak memory, in the op alone or in a model;
+* ``nodes_model``: the same nodes in a model, the all-linear NaLaFormer-T's training step (512²,
+  batch 2) with every node fast against the step with one node on its reference formula (that
+  op module's ``resolve_mode`` answers ``'reference'`` during the step): what a node keeps for
+  the backward adds up over the depth of a network, which the op alone does not show;
 * ``backbone``: the all-linear NaLaFormer-T against Swin-T, each eager and compiled: the
   training step (batch 2) at 512² and 1024², the forward at 2048²;
 * ``vit``: NaLa ViT-S / ViT-B against the same ViT with fused SDPA, both compiled: forward at
@@ -37,6 +41,7 @@ benchmarks/results/speed/compile.{json,md,png}; discussed in docs/speed.md.
     python -m benchmarks.speed.compile --report-only
 """
 import argparse
+import importlib
 import os
 import os.path as osp
 import tempfile
@@ -53,11 +58,17 @@ from ..lib.grid import grid_cli, per_round_ratio, run_grid
 from ..lib.provenance import code_version
 from ..lib.sweep import backbone_step
 
+# each hand-written node of nala_mm/ops and the op module whose resolve_mode picks its path
+NODES = {'attention': 'nala_mm.ops.attention.dispatch', 'gelu_conv': 'nala_mm.ops.fused.gelu_conv',
+         'lepe_conv': 'nala_mm.ops.fused.conv_weight_grad'}
 PARTS = {
     'layer': dict(models=['layer@reference', 'layer@fast', 'layer@compiled']),  # --layer-sides
-    'nodes': dict(models=[f'{node}@{engine}' for node in ('attention', 'gated_norm', 'gelu_conv',
-                                                          'lepe_conv') for engine in
-                          ('fast', 'reference', 'compiled')], cases=[('train', 128, 2)]),
+    'nodes': dict(models=[f'{node}@{engine}' for node in NODES
+                          for engine in ('fast', 'reference', 'compiled')],
+                  cases=[('train', 128, 2)]),
+    'nodes_model': dict(models=['nala_t_linear@fast'] + [f'nala_t_linear@{node}-reference'
+                                                         for node in NODES],
+                        cases=[('train', 512, 2)]),
     'backbone': dict(models=['nala_t_linear@eager', 'nala_t_linear@compiled', 'swin_t@eager',
                              'swin_t@compiled'],
                      cases=[('train', 512, 2), ('train', 1024, 2), ('fwd', 2048, 1)]),
@@ -72,9 +83,10 @@ PARTS = {
 CUDA_MODELS = {'layer': ['sdpa@compiled']}
 RATIOS = {'layer': [('layer@compiled', 'layer@fast'), ('layer@compiled', 'layer@reference'),
                     ('layer@fast', 'layer@reference'), ('layer@compiled', 'sdpa@compiled')],
-          'nodes': [(f'{node}@fast', f'{node}@{other}') for node in
-                    ('attention', 'gated_norm', 'gelu_conv', 'lepe_conv')
+          'nodes': [(f'{node}@fast', f'{node}@{other}') for node in NODES
                     for other in ('reference', 'compiled')],
+          'nodes_model': [('nala_t_linear@fast', f'nala_t_linear@{node}-reference')
+                          for node in NODES],
           'backbone': [('nala_t_linear@compiled', 'nala_t_linear@eager'),
                        ('swin_t@compiled', 'swin_t@eager'),
                        ('swin_t@eager', 'nala_t_linear@eager'),
@@ -93,7 +105,7 @@ def build(part: str, base: str, engine: str, device: str):
             return build_mixer(mixer_config('sdpa'), embed_dims=64, num_heads=1).to(device)
         mode = 'fast' if engine == 'fast' else 'reference'
         return NormAwareLinearAttention(64, 1, kernel='relu', mode=mode).to(device)
-    if part == 'backbone':
+    if part in ('backbone', 'nodes_model'):
         from .backbone import build_backbone
         return build_backbone(base).to(device)
     if part == 'vit':
@@ -117,10 +129,6 @@ def node_call(node: str, side: int, batch: int, mode: str, device: str):
         cfg = ops.NaLaConfig(kernel='relu')
         inputs = [torch.randn(batch, 1, side * side, 64, **tokens) for _ in range(3)]
         return (lambda q, k, v: ops.nala_attention(q, k, v, cfg, rope, mode=mode)), inputs
-    if node == 'gated_norm':
-        inputs = [torch.randn(batch, side, side, 64, **tokens) for _ in range(2)] + \
-            [torch.ones(64, **tokens), torch.zeros(64, **tokens)]
-        return (lambda s, g, w, b: ops.gated_norm(s, g, (64,), w, b, mode=mode)), inputs
     channels, kernel = (256, 3) if node == 'gelu_conv' else (64, 5)  # FFN dwconv / LePE
     x = torch.randn(batch, channels, side, side, device=device).to(
         memory_format=torch.channels_last).requires_grad_(True)
@@ -147,6 +155,11 @@ def make_step(name: str, case: dict) -> Step:
                 t.grad = None
         return _timed_first_call(step, device) if engine == 'compiled' else step
     module = build(part, base, engine, device)
+    if part == 'nodes_model':
+        image = torch.randn(batch, 3, side, side, device=device)
+        if engine == 'fast':
+            return backbone_step(module, image, mode)
+        return _on_reference(backbone_step(module, image, mode), engine[:-len('-reference')])
     if part == 'layer':
         x = torch.randn(batch, side, side, 64, device=device, requires_grad=True)
         grad = torch.randn_like(x)
@@ -168,6 +181,21 @@ def make_step(name: str, case: dict) -> Step:
         fn = torch.compile(module, dynamic=False) if engine == 'compiled' else module
         step = backbone_step(fn, torch.randn(batch, 3, side, side, device=device), mode)
     return _timed_first_call(step, device) if engine == 'compiled' else step
+
+
+def _on_reference(step: Step, node: str) -> Step:
+    """``step`` with ``node``'s op on its reference formula while it runs: its op module's
+    ``resolve_mode`` answers ``'reference'``, the other nodes stay fast."""
+    module = importlib.import_module(NODES[node])
+
+    def reference_step() -> None:
+        chosen = module.resolve_mode
+        module.resolve_mode = lambda mode, traceable=False: 'reference'
+        try:
+            step()
+        finally:
+            module.resolve_mode = chosen
+    return reference_step
 
 
 def _timed_first_call(step: Step, device: str) -> Step:
@@ -205,16 +233,22 @@ KEEP_SPEEDUP, KEEP_MEMORY = 1.05, 0.90  # >= 5 % faster, or >= 10 % less peak me
 
 
 def keep_rows(ratios: List[dict]) -> List[list]:
-    """Per node: its eager gains over the reference, against compiled code, and the verdict."""
+    """Per node: its eager gains over the reference alone and in NaLaFormer-T's training step,
+    against compiled code, and the verdict (kept if either place meets the rule)."""
     rows = []
-    for node in ('attention', 'gated_norm', 'gelu_conv', 'lepe_conv'):
+    for node in NODES:
         found = {r['slower'].split('@')[1]: r for r in ratios
                  if r['part'] == 'nodes' and r['faster'] == f'{node}@fast'}
+        in_model = next((r for r in ratios if r['part'] == 'nodes_model'
+                         and r['slower'] == f'nala_t_linear@{node}-reference'), None)
         eager, compiled = found.get('reference'), found.get('compiled')
         if eager is None or eager['speedup'] is None:
             continue
-        keep = eager['speedup'] >= KEEP_SPEEDUP or (eager['memory_ratio'] or 1) <= KEEP_MEMORY
+        keep = any(r['speedup'] >= KEEP_SPEEDUP or (r['memory_ratio'] or 1) <= KEEP_MEMORY
+                   for r in (eager, in_model) if r and r['speedup'])
         rows.append([node, report.fmt(eager['speedup'], 2), report.fmt(eager['memory_ratio'], 2),
+                     report.fmt(in_model and in_model['speedup'], 2),
+                     report.fmt(in_model and in_model['memory_ratio'], 2),
                      report.fmt(compiled and compiled['speedup'], 2),
                      'keep' if keep else 'remove'])
     return rows
@@ -244,8 +278,9 @@ def write_outputs(saved: dict, stem: str) -> None:
           report.fmt(r['memory_ratio'], 2)] for r in saved['ratios']])
     lines += ['', '## The hand-written nodes: keep or remove\n']
     lines += report.markdown_table(
-        ['node', 'eager fast vs eager reference: speed-up', 'peak memory fast / reference',
-         'eager fast vs compiled reference: speed-up', 'verdict'], keep_rows(saved['ratios']))
+        ['node', 'op: fast vs reference, speed-up', 'op: peak memory fast / reference',
+         'NaLaFormer-T step: speed-up', 'NaLaFormer-T step: peak memory',
+         'op: fast vs compiled reference, speed-up', 'verdict'], keep_rows(saved['ratios']))
     report.write_markdown(stem + '.md', lines)
     plot(saved['ratios'], stem + '.png')
 

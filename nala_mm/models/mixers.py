@@ -27,7 +27,6 @@ from ..ops import (
     apply_rope,
     apply_rope_reference,
     build_plain_feature_map,
-    gated_norm,
     kernelized_attention,
     kernelized_attention_weights,
     resolve_mode,
@@ -185,10 +184,7 @@ class GatedAttention(BaseModule):
             lepe = torch.cat([lepe.new_zeros(lepe.shape[0], num_prefix, lepe.shape[2]), lepe], 1)
         mixed = lepe.add_(mixed)
         del q, k, v, v_tokens, lepe
-        # ln(mixed) * silu(gate) as one node that recomputes both factors in its backward
-        gated = gated_norm(mixed, gate, self.ln.normalized_shape, self.ln.weight, self.ln.bias,
-                           self.ln.eps, mode=self.mode)
-        out = self.out_proj(gated)
+        out = self.out_proj(self.ln(mixed) * F.silu(gate))
         return out if x.dim() == 3 else out.view(x.shape)
 
 

@@ -17,7 +17,7 @@ it. Per op, once compiled:
 * ``kernelized_attention`` / ``nala_attention``: the naive formula (:mod:`.attention.naive`);
 * ``rope_table_for``: the table built in the graph (no size-keyed cache);
 * RoPE in ``SoftmaxAttention``: the real-valued rotation (no complex numbers);
-* ``gated_norm``, ``gelu_conv``, ``conv2d`` (the depthwise weight gradient): their formulas;
+* ``gelu_conv``, ``conv2d`` (the depthwise weight gradient): their formulas;
 * the window and global softmax of the ViTDet mixer: SDPA, as in eager.
 """
 import torch

@@ -1,28 +1,19 @@
 """The block's fused autograd nodes against the plain compositions they replace: same outputs
 and gradients, fewer bytes kept for the backward.
 
-* ``gelu_conv``: the FFN's ``conv(gelu(a))`` keeping ``a`` only;
-* ``gated_norm``: the mixer's ``layer_norm(s) * silu(g)`` keeping ``s``, ``g`` and the norm's
-  statistics.
+* ``gelu_conv``: the FFN's ``conv(gelu(a))`` keeping ``a`` only.
 The plain compositions are written out here, not taken from the ops' reference modes.
 """
 import pytest
 import torch
 import torch.nn.functional as F
 
-from nala_mm.ops import gated_norm, gelu_conv
+from nala_mm.ops import gelu_conv
 from tests.helpers import DEVICES
 
 
 def plain_gelu_conv(a, weight, bias, padding, groups):
     return F.conv2d(F.gelu(a), weight, bias, padding=padding, groups=groups)
-
-
-def plain_gated_norm(s, gate, weight, bias, eps):
-    mean = s.mean(-1, keepdim=True)
-    var = (s - mean).square().mean(-1, keepdim=True)
-    normed = (s - mean) / torch.sqrt(var + eps) * weight + bias
-    return normed * gate * torch.sigmoid(gate)
 
 
 def saved_bytes(fn) -> int:
@@ -75,32 +66,8 @@ def test_gelu_conv_saves_one_hidden_tensor_fewer():
     assert fast == hidden_bytes + weight.numel() * 4  # a and the weight only
 
 
-@pytest.mark.parametrize('device', DEVICES)
-@pytest.mark.parametrize('shape', [(2, 5, 7, 16), (3, 33)])
-def test_gated_norm_matches_plain_composition(shape, device):
-    torch.manual_seed(0)
-    s, gate = (torch.randn(shape, dtype=torch.float64).to(device).requires_grad_()
-               for _ in range(2))
-    weight = torch.randn(shape[-1], dtype=torch.float64).to(device).requires_grad_()
-    bias = torch.randn(shape[-1], dtype=torch.float64).to(device).requires_grad_()
-    assert_same_gradients(gated_norm(s, gate, (shape[-1],), weight, bias, 1e-5),
-                          plain_gated_norm(s, gate, weight, bias, 1e-5), (s, gate, weight, bias),
-                          1e-9)
-
-
-def test_gated_norm_saves_two_tensors_fewer():
-    s = torch.randn(4, 32, 64, requires_grad=True)
-    gate = torch.randn(4, 32, 64, requires_grad=True)
-    weight, bias = torch.ones(64, requires_grad=True), torch.zeros(64, requires_grad=True)
-    fast = saved_bytes(lambda: gated_norm(s, gate, (64,), weight, bias))
-    plain = saved_bytes(lambda: F.layer_norm(s, (64,), weight, bias) * F.silu(gate))
-    # the normalised output and silu(gate) are not kept
-    assert plain - fast == 2 * s.numel() * 4
-
-
 @pytest.mark.parametrize('op, args', [
     (gelu_conv, (torch.randn(1, 4, 5, 5), torch.randn(4, 1, 3, 3), None, (1, 1), 4)),
-    (gated_norm, (torch.randn(2, 8), torch.randn(2, 8), (8,))),
 ])
 def test_unknown_mode_is_refused(op, args):
     with pytest.raises(ValueError, match="'fused'"):
