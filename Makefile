@@ -6,7 +6,8 @@ export PYTHONUNBUFFERED := 1
 .PHONY: setup lint test test-unit test-extended test-e2e test-cuda demo demo-det docs dist \
 	clean-demo longrange-data bench backbone-bench segmentor-bench swap-bench vit-bench \
 	vit-cityscapes-bench vitdet-bench amp-bench conv-bench deploy-bench compile-bench ablation out-norm-study swap-study \
-	linearize linearize-choices linearize-iterations linearize-vitdet demo-results longrange flops-table
+	linearize linearize-choices linearize-iterations linearize-vitdet demo-results longrange \
+	longrange-graded flops-table
 
 setup:
 	@bash tools/setup_env.sh
@@ -138,6 +139,11 @@ demo-results: setup
 # (one thread per run).
 longrange: setup
 	$(PY) -m benchmarks.studies.longrange
+
+# The claim, graded: the pre-registered plan's ~180 runs, two at a time, resumable (~3 h here;
+# stop any time, commit benchmarks/results/studies/longrange_graded*, run again to go on).
+longrange-graded: setup
+	$(PY) -m benchmarks.studies.longrange_graded
 
 # A tool's committed output: the variants' parameters and GFLOPs (docs/fidelity.md).
 flops-table: setup

@@ -1,13 +1,14 @@
 """nala-mm: NaLaFormer (norm-aware linear attention) for MMSegmentation 1.x and MMDetection 3.x.
 
 ``custom_imports = dict(imports=['nala_mm'])`` in any mm config registers the backbone, the token
-mixers, ``RNGStateHook`` and ``BF16AutocastOptimWrapper`` in mmengine's root registries, and the
-stock backbones with NaLa swapped in (:mod:`nala_mm.models.swap`) in mmseg's and mmdet's own, and
-changes nothing else. The host changes the project's tools rely on (checkpoints under
+mixers, ``RNGStateHook``, ``MixerStatsHook`` and ``BF16AutocastOptimWrapper`` in mmengine's root
+registries, and the stock backbones with NaLa swapped in (:mod:`nala_mm.models.swap`) in mmseg's
+and mmdet's own, and changes nothing else. The host changes the project's tools rely on (checkpoints under
 weights-only loading, atomic writes, CPU ``torchrun``, data checks) are opt-in:
 ``imports=['nala_mm', 'nala_mm.compat']`` (see :mod:`nala_mm.compat`).
 """
 from . import amp, hooks, models, optim  # noqa: F401  (registration)
+from .analysis import training_stats  # noqa: F401  (registration)
 from .models import (
                      GatedAttention,
                      LinearAttention,

@@ -112,9 +112,11 @@ def per_class_iou(work_dir: str) -> dict:
 
 
 # ------------------------------------------------------------------------------ attention
-def stats_case(config: str, checkpoint: str, image: str, seed: int) -> dict:
+def stats_case(config: str, checkpoint: str, image: str, seed: int,
+               exemplar_px: Optional[int] = None) -> dict:
     """Child process: Figure-1 statistics of every attention layer of one trained model on one
-    validation image, and the attention rows of its objects' centres."""
+    validation image, and the attention rows of its objects' centres (``exemplar_px``: the
+    band's thickness the data were generated with, the task's own by default)."""
     import mmcv
     import torch
     from mmengine.runner import load_checkpoint
@@ -122,7 +124,13 @@ def stats_case(config: str, checkpoint: str, image: str, seed: int) -> dict:
     from nala_mm import compat
     from nala_mm.analysis import analyze_backbone, preprocess
     from nala_mm.config_loading import build_model_from_config
-    from nala_mm.datasets.longrange import MATCH_CLASS, exemplar_mass, sample_scene, scene_rng
+    from nala_mm.datasets.longrange import (
+        EXEMPLAR_PX,
+        MATCH_CLASS,
+        exemplar_mass,
+        sample_scene,
+        scene_rng,
+    )
 
     torch.set_num_threads(THREADS)
     compat.install()
@@ -131,7 +139,8 @@ def stats_case(config: str, checkpoint: str, image: str, seed: int) -> dict:
     bgr = mmcv.imread(image)
     height, width = bgr.shape[:2]
     index = int(osp.splitext(osp.basename(image))[0].rsplit('_', 1)[1])
-    scene = sample_scene(scene_rng(seed, 1, index), height, width)  # 1: the validation split
+    scene = sample_scene(scene_rng(seed, 1, index), height, width,  # 1: the validation split
+                         exemplar_px or EXEMPLAR_PX)
     points = [(float(o.cx), float(o.cy)) for o in scene.objects]
     matches = [scene.object_class(o) == MATCH_CLASS for o in scene.objects]
     entries, maps = [], {}

@@ -1,5 +1,6 @@
-"""Measuring models: FLOP counts with every token mixer counted (:mod:`.flops`) and the
-attention statistics of a trained backbone (:mod:`.attention_stats`)."""
+"""Measuring models: FLOP counts with every token mixer counted (:mod:`.flops`), the attention
+statistics of a trained backbone (:mod:`.attention_stats`), a mixer's statistics while it trains
+(:mod:`.training_stats`), and success rates over seeds (:mod:`.success_rates`)."""
 from .attention_stats import (
                               LayerStats,
                               analyze_backbone,

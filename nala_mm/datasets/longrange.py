@@ -24,6 +24,7 @@ Label PNGs follow ADE20K: value ``ADE index + 1`` of :data:`LONGRANGE_CLASSES`; 
 (unlabelled, ignored after ``reduce_zero_label``): it is the key, not something to segment.
 
     python -m nala_mm.datasets.longrange [--root DIR] [--num-train N] [--num-val N] [--seed S]
+                                         [--exemplar-px PX]
 """
 from __future__ import annotations
 
@@ -57,6 +58,8 @@ PALETTE = np.array([(220, 40, 40), (40, 190, 60), (50, 80, 230), (230, 210, 40),
 COLOUR_JITTER = 12.0  # per image and colour, shared by the exemplar and the objects
 EXEMPLAR_PX = 32  # thickness of the exemplar band: a FRAME_PX white frame around the colour
 FRAME_PX = 4
+# the thinnest band that still shows its colour (benchmarks/studies/longrange_graded.py thins it)
+MIN_EXEMPLAR_PX = 2 * FRAME_PX + 1
 FRAME_GREY = 245.0
 EDGE_MARGIN_PX = (2, 8)  # exemplar distance from the image edges, drawn uniformly
 # In the long-range config the convolutions on every path to a pixel's logits (the stem, the
@@ -128,20 +131,28 @@ def box_distance(a: Box, b: Box) -> int:
     return max(dy, dx)
 
 
-def exemplar_band(edge: int, height: int, width: int, margin: int, inset: int) -> Box:
+def exemplar_band(edge: int, height: int, width: int, margin: int, inset: int,
+                  thickness: int = EXEMPLAR_PX) -> Box:
     """The band's box along ``edge`` (0 top, 1 bottom, 2 left, 3 right), ``margin`` px from
-    that edge and ``inset`` px short of the two corners it spans."""
+    that edge, ``inset`` px short of the two corners it spans and ``thickness`` px deep."""
     if edge == 0:
-        return margin, inset, margin + EXEMPLAR_PX, width - inset
+        return margin, inset, margin + thickness, width - inset
     if edge == 1:
-        return height - margin - EXEMPLAR_PX, inset, height - margin, width - inset
+        return height - margin - thickness, inset, height - margin, width - inset
     if edge == 2:
-        return inset, margin, height - inset, margin + EXEMPLAR_PX
-    return inset, width - margin - EXEMPLAR_PX, height - inset, width - margin
+        return inset, margin, height - inset, margin + thickness
+    return inset, width - margin - thickness, height - inset, width - margin
 
 
-def sample_scene(rng: np.random.Generator, height: int, width: int) -> Scene:
-    """Draw one scene: the exemplar's colour and edge, the objects and their colours."""
+def sample_scene(rng: np.random.Generator, height: int, width: int,
+                 exemplar_px: int = EXEMPLAR_PX) -> Scene:
+    """Draw one scene: the exemplar's colour and edge, the objects and their colours, with a
+    band ``exemplar_px`` thick. The thickness draws nothing: one generator gives every thickness
+    the same colours and the same band position; the objects, placed after, differ, since more
+    of them fit beside a thinner band."""
+    if exemplar_px < MIN_EXEMPLAR_PX:
+        raise ValueError(f'exemplar_px must be at least {MIN_EXEMPLAR_PX} (a {FRAME_PX} px frame '
+                         f'on both sides of the colour), got {exemplar_px!r}')
     if min(height, width) < MIN_SIZE:
         raise ValueError(f'the long-range task needs images of at least {MIN_SIZE} px a side '
                          f'(objects stay {FAR_PX} px from the exemplar), got {height}x{width}')
@@ -150,7 +161,7 @@ def sample_scene(rng: np.random.Generator, height: int, width: int) -> Scene:
     exemplar, other = (int(c) for c in rng.choice(count, size=2, replace=False))
     box = exemplar_band(int(rng.integers(0, 4)), height, width,
                         *(int(m) for m in rng.integers(EDGE_MARGIN_PX[0], EDGE_MARGIN_PX[1] + 1,
-                                                       size=2)))
+                                                       size=2)), thickness=exemplar_px)
 
     n_objects = int(rng.integers(OBJECTS_PER_IMAGE[0], OBJECTS_PER_IMAGE[1] + 1))
     # the first two objects: one of each colour, so every image shows both classes
@@ -220,7 +231,7 @@ def scene_rng(seed: int, split_code: int, index: int) -> np.random.Generator:
 
 def generate_longrange(root: str = DEFAULT_ROOT, num_train: int = 1000, num_val: int = 100,
                        image_size: Tuple[int, int] = DEFAULT_SIZE, seed: int = 0,
-                       progress: bool = True) -> dict:
+                       progress: bool = True, exemplar_px: int = EXEMPLAR_PX) -> dict:
     """Write the long-range exemplar dataset under ``root`` in the ADE20K layout (skipped when an
     earlier run with the same arguments finished and its files are there).
 
@@ -235,6 +246,8 @@ def generate_longrange(root: str = DEFAULT_ROOT, num_train: int = 1000, num_val:
     counts = {'training': int(num_train), 'validation': int(num_val)}
     params = common.stamp_params(_FORMAT_VERSION, counts['training'], counts['validation'], height,
                                  width, int(seed))
+    if exemplar_px != EXEMPLAR_PX:  # the default leaves existing stamps current
+        params['exemplar_px'] = int(exemplar_px)
     stamp_path = os.path.join(root, _STAMP_NAME)
 
     def summary(fractions: Dict[str, float]) -> dict:
@@ -264,7 +277,7 @@ def generate_longrange(root: str = DEFAULT_ROOT, num_train: int = 1000, num_val:
                                     and n.endswith(s))
             for index, name in enumerate(_file_names(prefix, counts[split])):
                 image, label = render(sample_scene(scene_rng(seed, split_code, index), height,
-                                                   width))
+                                                   width, exemplar_px))
                 Image.fromarray(image).save(os.path.join(image_dir, name + '.jpg'), quality=95)
                 Image.fromarray(label).save(os.path.join(label_dir, name + '.png'))
                 if split == 'validation':
@@ -325,9 +338,11 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument('--num-val', type=int, default=100)
     parser.add_argument('--size', type=int, nargs=2, default=DEFAULT_SIZE, metavar=('H', 'W'))
     parser.add_argument('--seed', type=int, default=0)
+    parser.add_argument('--exemplar-px', type=int, default=EXEMPLAR_PX,
+                        help='the exemplar band\'s thickness, its white frame included')
     args = parser.parse_args(argv)
     result = generate_longrange(args.root, args.num_train, args.num_val, tuple(args.size),
-                                args.seed)
+                                args.seed, exemplar_px=args.exemplar_px)
     shares = ', '.join(f'{k} {v:.3f}' for k, v in result['class_pixel_fraction'].items())
     print(f"{result['num_train']} training and {result['num_val']} validation images in "
           f"{result['root']}; validation pixel shares: {shares}")

@@ -1,0 +1,92 @@
+"""MixerStatsHook: the statistics it logs are the mixer's, from the iteration it watched, and
+they reach scalars.json through a real Runner."""
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from mmengine.config import Config
+from mmengine.runner import Runner
+
+from nala_mm.analysis.training_stats import MixerStatsHook
+from nala_mm.models import NaLaFormer, NormAwareLinearAttention
+
+TINY = dict(embed_dims=(16, 32, 32, 32), depths=(1, 1, 1, 1), num_heads=(1, 2, 2, 2),
+            mlp_ratios=(2, 2, 2, 2))
+LAYER = 'layers.0.blocks.0.attn'
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_gradient_norm_and_exponent_are_the_watched_iterations():
+    torch.manual_seed(0)
+    model = NaLaFormer(arch=TINY, mixers=[dict(type='NormAwareLinearAttention',
+                                               kernel='cosine')] * 4)
+    hook = MixerStatsHook([LAYER], interval=1, rows=64)
+    hook.attach(model)
+    layer = dict(model.named_modules())[LAYER]
+    seen = {}
+    layer.register_forward_hook(lambda m, a, o: seen.update(x=a[0].detach()))  # returns None
+    hook.watch()
+    sum(o.sum() for o in model(torch.randn(2, 3, 48, 64))).backward()
+    stats = hook.collect()[LAYER]
+    # independently: the norm of the gradients autograd left in the layer's parameters
+    expected = torch.sqrt(sum(p.grad.square().sum() for p in layer.parameters()
+                              if p.grad is not None))
+    assert stats['grad_norm'] == pytest.approx(float(expected), rel=1e-5)
+    # the mean query norm and exponent of the first sample, recomputed from the layer's input
+    q = layer.project(seen['x'][:1])[0]
+    qnorm = q[0].norm(dim=-1)
+    assert stats['qnorm'] == pytest.approx(float(qnorm.mean()), rel=1e-5)
+    assert stats['exponent'] == pytest.approx(float(layer.query_exponent(qnorm.double()).mean()),
+                                              rel=1e-6)
+    assert 0.0 <= stats['saturated'] <= 1.0
+    assert 0.0 < stats['negative'] < 1.0  # the cosine-inhibit map gives signed weights
+    # not watching: nothing accumulates
+    model.zero_grad()
+    sum(o.sum() for o in model(torch.randn(2, 3, 48, 64))).backward()
+    assert hook.collect() == {}
+
+
+def test_softmax_rows_are_never_negative_and_have_no_exponent():
+    torch.manual_seed(0)
+    model = NaLaFormer(arch=TINY, mixers=['softmax'] * 4)
+    hook = MixerStatsHook([LAYER], interval=1)
+    hook.attach(model)
+    hook.watch()
+    sum(o.sum() for o in model(torch.randn(2, 3, 48, 64))).backward()
+    stats = hook.collect()[LAYER]
+    assert stats['negative'] == 0.0 and stats['exponent'] is None and stats['grad_norm'] > 0
+
+
+def test_a_name_that_is_not_a_mixer_is_refused_by_name():
+    model = NaLaFormer(arch=TINY)
+    with pytest.raises(ValueError, match=r"\['layers.0.norm'\] are not token mixers"):
+        MixerStatsHook(['layers.0.norm']).attach(model)
+    with pytest.raises(ValueError, match='interval=0'):
+        MixerStatsHook([LAYER], interval=0)
+    assert isinstance(dict(model.named_modules())[LAYER], NormAwareLinearAttention)
+
+
+@pytest.mark.integration
+def test_scalars_reach_scalars_json_through_the_runner(tmp_path):
+    """The long-range config for 4 iterations on a few generated images, stats every 2."""
+    from nala_mm.datasets.longrange import generate_longrange
+    root = tmp_path / 'ADEChallengeData2016'
+    generate_longrange(str(root), num_train=8, num_val=2, progress=False)
+    cfg = Config.fromfile(str(REPO / 'configs' / 'longrange' / 'ade20k_longrange_segformer.py'))
+    for loader in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
+        cfg[loader].dataset.data_root = str(root)
+        cfg[loader].num_workers, cfg[loader].persistent_workers = 0, False
+    cfg.train_cfg = dict(type='IterBasedTrainLoop', max_iters=4, val_interval=4)
+    cfg.param_scheduler = []
+    cfg.default_hooks.logger = dict(type='LoggerHook', interval=2)
+    cfg.default_hooks.checkpoint = dict(type='CheckpointHook', interval=4)
+    cfg.custom_hooks = [dict(type='MixerStatsHook', layers=['backbone.' + LAYER], interval=2)]
+    cfg.work_dir = str(tmp_path / 'work')
+    Runner.from_cfg(cfg).train()
+    scalars = [json.loads(line) for line in
+               next((tmp_path / 'work').rglob('scalars.json')).read_text().splitlines()]
+    logged = [r for r in scalars if f'mixer/backbone.{LAYER}/grad_norm' in r]
+    assert [r['step'] for r in logged] == [2, 4]
+    assert all(r[f'mixer/backbone.{LAYER}/grad_norm'] > 0 for r in logged)
+    assert all(0 <= r[f'mixer/backbone.{LAYER}/saturated'] <= 1 for r in logged)
