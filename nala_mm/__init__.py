@@ -3,10 +3,14 @@
 ``custom_imports = dict(imports=['nala_mm'])`` in any mm config registers the backbone, the token
 mixers, ``RNGStateHook``, ``MixerStatsHook`` and ``BF16AutocastOptimWrapper`` in mmengine's root
 registries, and the stock backbones with NaLa swapped in (:mod:`nala_mm.models.swap`) in mmseg's
-and mmdet's own, and changes nothing else. The host changes the project's tools rely on (checkpoints under
-weights-only loading, atomic writes, CPU ``torchrun``, data checks) are opt-in:
-``imports=['nala_mm', 'nala_mm.compat']`` (see :mod:`nala_mm.compat`).
+and mmdet's own; where mmpretrain is installed, also the classification tail and its checkpoint
+hook in mmpretrain's (:mod:`nala_mm.models.classifier`). It changes nothing else. The host
+changes the project's tools rely on (checkpoints under weights-only loading, atomic writes, CPU
+``torchrun``, data checks) are opt-in: ``imports=['nala_mm', 'nala_mm.compat']`` (see
+:mod:`nala_mm.compat`).
 """
+import importlib.util
+
 from . import amp, hooks, models, optim  # noqa: F401  (registration)
 from .analysis import training_stats  # noqa: F401  (registration)
 from .models import (
@@ -17,6 +21,9 @@ from .models import (
                      SoftmaxAttention,
 )
 from .version import __version__
+
+if importlib.util.find_spec('mmpretrain') is not None:
+    from .models import classifier  # noqa: F401  (registration in mmpretrain's registries)
 
 __all__ = ['__version__', 'NaLaFormer', 'GatedAttention', 'NormAwareLinearAttention',
            'LinearAttention', 'SoftmaxAttention']

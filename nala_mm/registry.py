@@ -1,36 +1,37 @@
 """Where the project's modules are registered.
 
-Scope-neutral modules (the backbone, the token mixers) go into mmengine's root ``MODELS``: mmseg's
-and mmdet's registries are its children and find an unscoped ``type`` there under either default
-scope, and in the upstream tools. A subclass of an mmseg or mmdet class belongs to that package's
-own registry (``scope='mmseg'`` / ``'mmdet'``). Registration never uses ``force=True``: a second
-module under a registered name raises and names both.
+Scope-neutral modules (the backbone, the token mixers) go into mmengine's root ``MODELS``: mmseg's,
+mmdet's and mmpretrain's registries are its children and find an unscoped ``type`` there under any
+of those default scopes, and in the upstream tools. A subclass of an mmseg or mmdet class, or a
+part only one host uses (the classification tail and its checkpoint hook, for mmpretrain), belongs
+to that package's own registry (``scope='mmseg'`` / ``'mmdet'`` / ``'mmpretrain'``). Registration
+never uses ``force=True``: a second module under a registered name raises and names both.
 """
 import importlib
 from typing import Optional, Type
 
+from mmengine import registry as root_registries
 from mmengine.registry import MODELS as ROOT_MODELS
 from mmengine.registry import Registry
 
 
+def registry_of(kind: str, scope: Optional[str] = None) -> Registry:
+    """mmengine's root registry ``kind`` (``'MODELS'``, ``'HOOKS'``; ``scope=None``) or the
+    registry of that name in package ``scope``."""
+    if scope is None:
+        return getattr(root_registries, kind)
+    return getattr(importlib.import_module(f'{scope}.registry'), kind)
+
+
 def models_registry(scope: Optional[str] = None) -> Registry:
     """mmengine's root ``MODELS`` (``scope=None``) or the ``MODELS`` of package ``scope``."""
-    if scope is None:
-        return ROOT_MODELS
-    return importlib.import_module(f'{scope}.registry').MODELS
+    return ROOT_MODELS if scope is None else registry_of('MODELS', scope)
 
 
-def register_model(cls: Optional[Type] = None, *, scope: Optional[str] = None,
-                   name: Optional[str] = None):
-    """Class decorator: register ``cls`` in :func:`models_registry` under ``name`` (default:
-    the class's own name).
-
-    ``@register_model``, ``@register_model(scope='mmseg')``, or with ``name=`` where one module
-    defines a subclass of mmseg's and of mmdet's class that configs call by the same name.
-    """
+def _registrar(kind: str, cls: Optional[Type], scope: Optional[str], name: Optional[str]):
 
     def register(target: Type) -> Type:
-        registry = models_registry(scope)
+        registry = registry_of(kind, scope)
         key = name or target.__name__
         existing = registry.module_dict.get(key)
         if existing is not None:
@@ -42,3 +43,20 @@ def register_model(cls: Optional[Type] = None, *, scope: Optional[str] = None,
         return target
 
     return register(cls) if cls is not None else register
+
+
+def register_model(cls: Optional[Type] = None, *, scope: Optional[str] = None,
+                   name: Optional[str] = None):
+    """Class decorator: register ``cls`` in :func:`models_registry` under ``name`` (default:
+    the class's own name).
+
+    ``@register_model``, ``@register_model(scope='mmseg')``, or with ``name=`` where one module
+    defines a subclass of mmseg's and of mmdet's class that configs call by the same name.
+    """
+    return _registrar('MODELS', cls, scope, name)
+
+
+def register_hook(cls: Optional[Type] = None, *, scope: Optional[str] = None,
+                  name: Optional[str] = None):
+    """Class decorator: as :func:`register_model`, into a ``HOOKS`` registry."""
+    return _registrar('HOOKS', cls, scope, name)

@@ -188,6 +188,16 @@ class ReleasedNaLaFormer(nn.Module):
                 x = stage.downsample(x)
         return features
 
+    def forward(self, x: Tensor) -> Tensor:
+        """The released classifier's logits: every stage-4 token projected to 1024 channels,
+        BatchNorm over the projected map, Swish, global average pooling, the 1x1-conv head."""
+        x = self.stage_features(x)[-1]
+        b, _, h, w = x.shape
+        x = self.proj(x.flatten(2).transpose(1, 2))  # (B, N, 1024)
+        x = self.norm(x.transpose(1, 2).reshape(b, -1, h, w))
+        x = F.adaptive_avg_pool2d(x * torch.sigmoid(x), 1)
+        return self.head(x).flatten(1)
+
     def randomise_statistics(self, seed: int = 0) -> 'ReleasedNaLaFormer':
         """Non-trivial BN statistics and LayerScale, so a tensor that fails to load changes the
         output (fresh BN statistics and unit LayerScale would hide it)."""
