@@ -60,8 +60,10 @@ def test_every_config_is_listed_once_and_basenames_are_unique():
     assert len(model_names) == len(set(model_names))
 
 
-DATASETS = {'ADE20KDataset': 'ADE20K', 'CocoDataset': 'COCO', 'CityscapesDataset': 'Cityscapes'}
+DATASETS = {'ADE20KDataset': 'ADE20K', 'CocoDataset': 'COCO', 'CityscapesDataset': 'Cityscapes',
+            'ImageNet': 'ImageNet-1K'}
 HEADS = {'UPerHead': 'UperNet', 'FPNHead': 'Semantic FPN', 'SegformerHead': 'SegFormer head',
+         'LinearClsHead': 'Linear classifier',
          'SegmenterMaskTransformerHead': 'Segmenter mask transformer', 'SETRUPHead': 'SETR-Naive',
          'MaskRCNN': 'Mask R-CNN', 'RetinaNet': 'RetinaNet'}
 BACKBONES = {'SwinTransformer': 'Swin-T', 'NaLaSwinTransformer': 'Swin-T',
@@ -76,6 +78,8 @@ def _schedule(cfg) -> str:
 
 
 def _head(cfg) -> str:
+    if cfg.default_scope == 'mmpretrain':
+        return cfg.model.head.type
     return cfg.model.type if cfg.default_scope == 'mmdet' else cfg.model.decode_head.type
 
 
@@ -112,6 +116,9 @@ def test_each_metafile_entry_describes_its_config(entry):
     if any(t.type == 'RandomCrop' for t in pipeline):
         size = cfg.crop_size if 'crop_size' in cfg else cfg.image_size
         assert crop == 'x'.join(map(str, size))
+    elif any(t.type == 'RandomResizedCrop' for t in pipeline):  # a classifier's square crop
+        side, = {t.scale for t in pipeline if t.type == 'RandomResizedCrop'}
+        assert crop.startswith(f'{side}x{side}'), crop
     else:  # no crop: the sizes the entry names are the pipeline's resize scales or image size
         assert crop.startswith('none'), crop
         sizes = set(map(str, cfg.get('image_size', ())))
