@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup lint test test-unit test-extended test-e2e test-cuda demo demo-det docs dist \
+.PHONY: setup lint test test-unit test-extended test-e2e test-cuda demo demo-det demo-cls docs dist \
 	clean-demo longrange-data bench backbone-bench segmentor-bench swap-bench vit-bench \
 	vit-cityscapes-bench vitdet-bench amp-bench conv-bench deploy-bench compile-bench ablation out-norm-study swap-study \
 	linearize linearize-choices linearize-iterations linearize-vitdet demo-results longrange \
@@ -46,6 +46,10 @@ demo: setup
 # COCO-format synthetic instances -> Mask R-CNN + NaLaFormer -> bbox/segm AP.
 demo-det: setup
 	$(PY) tools/demo.py det
+
+# ImageNet-layout synthetic images -> mmpretrain ImageClassifier + NaLaFormer -> top-1.
+demo-cls: setup
+	$(PY) tools/demo.py cls
 
 # Every marked figure of README.md and docs/ written from its results file (tools/render_docs.py);
 # the test suite fails on a figure that differs, so run this after re-measuring.

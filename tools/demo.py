@@ -2,6 +2,7 @@
 
     python tools/demo.py seg   # ADE20K layout, UperNet + NaLaFormer, mIoU  (make demo)
     python tools/demo.py det   # COCO layout, Mask R-CNN + NaLaFormer, AP   (make demo-det)
+    python tools/demo.py cls   # ImageNet layout, mmpretrain classifier, top-1 (make demo-cls)
 
 Data is generated once (deterministic) under data/demo; reruns reuse it. Each run writes its
 summary (metrics, the per-class table, time, iterations) to WORK_DIR/demo_summary.json
@@ -69,6 +70,8 @@ def summarise(task: str, metrics: dict, data: dict, runner: Runner, seconds: flo
                    overlays=osp.relpath(osp.join(runner.log_dir, 'vis_data')))
     if task == 'seg':  # the test pass prints one table: IoU and Acc per class
         summary['per_class'] = tables[-1] if tables else {}
+    elif task == 'cls':  # mmpretrain's Accuracy prints no per-class table
+        summary['chance_top1'] = data['chance_top1']
     else:  # classwise bbox then segm tables
         summary['per_class'] = dict(zip(('bbox', 'segm'), tables[-2:])) if len(tables) >= 2 \
             else {}
@@ -79,6 +82,9 @@ def summarise(task: str, metrics: dict, data: dict, runner: Runner, seconds: flo
         print(f"\nmIoU {metrics['mIoU']:.2f} on the validation split "
               f"(majority-class baseline: {summary['majority_class_baseline_mIoU']:.2f}); "
               f"per-class IoU in the table above")
+    elif task == 'cls':
+        print(f"\ntop-1 {metrics['accuracy/top1']:.2f} % on the validation split (chance: "
+              f"{summary['chance_top1']:.2f} %)")
     else:
         print(f"\nbbox mAP {metrics['coco/bbox_mAP']:.3f}, segm mAP {metrics['coco/segm_mAP']:.3f} "
               f'on the validation split')
