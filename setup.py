@@ -189,7 +189,10 @@ setup(
     ],
     extras_require={'tests': ['pytest', 'hypothesis'],
                     # tools/export_onnx.py and benchmarks/speed/deploy.py
-                    'deploy': ['onnx', 'onnxruntime', 'onnxscript']},
+                    'deploy': ['onnx', 'onnxruntime', 'onnxscript'],
+                    # configs/imagenet: mmpretrain imports torchvision without declaring it;
+                    # install the torchvision built for your torch first (each wheel pins one)
+                    'pretrain': ['mmpretrain>=1.2.0,<2.0.0', 'torchvision']},
     cmdclass={'build_py': BuildPy, 'sdist': Sdist, 'develop': Develop},
     license='Apache-2.0',
     zip_safe=False,

@@ -42,6 +42,29 @@ def check_cuda_ops(boxes, scores, keep, feats, rois, pooled) -> str:
     return torch.cuda.get_device_name()
 
 
+def check_pretrain() -> str:
+    """mmpretrain (configs/imagenet) and the torchvision it imports without declaring it; a
+    warning, not a failure, when its models do not import: segmentation and detection do not
+    need them."""
+    try:
+        import mmpretrain
+    except ImportError:
+        return 'no mmpretrain (pretraining configs unavailable: pip install nala-mm[pretrain])'
+    try:
+        import mmpretrain.models  # noqa: F401
+        import torchvision
+    except Exception as err:  # ImportError; RuntimeError from a torchvision built for another torch
+        import torch
+        print(f'[check_env] WARNING: mmpretrain {mmpretrain.__version__} is installed but its '
+              f'models do not import ({type(err).__name__}: {err}). They need the torchvision '
+              f'built for torch {torch.__version__}: `pip install --no-deps '
+              "torchvision==<its version>` from torch's index for your build "
+              '(https://download.pytorch.org/whl/cpu for a CPU torch). Segmentation and '
+              'detection are unaffected.', file=sys.stderr)
+        return f'mmpretrain {mmpretrain.__version__} (models unavailable: no usable torchvision)'
+    return f'mmpretrain {mmpretrain.__version__} with torchvision {torchvision.__version__}'
+
+
 def main() -> None:
     try:
         import mmcv
@@ -78,11 +101,12 @@ def main() -> None:
     import mmseg
 
     import nala_mm.compat  # noqa: F401  (registers the modules, installs the host changes)
+    pretrain = check_pretrain()
     device = f'CUDA ops on {torch.cuda.get_device_name()}' if torch.cuda.is_available() else \
         'no CUDA device: CPU ops only'
     print(f'[check_env] ok: torch {torch.__version__}, mmcv {mmcv.__version__} (ops: nms, '
           f'RoIAlign; {device}), mmengine {mmengine.__version__}, mmseg {mmseg.__version__}, '
-          f'mmdet {mmdet.__version__}')
+          f'mmdet {mmdet.__version__}, {pretrain}')
 
 
 if __name__ == '__main__':

@@ -5,6 +5,7 @@
 # The versions are requirements/tested.txt's.
 #   NALA_TORCH   pip requirement(s) for torch (default: the tested pin, the CPU build here).
 #                GPU users: NALA_TORCH="torch==<tested> --index-url https://download.pytorch.org/whl/cu126"
+#                (torchvision, for mmpretrain, comes from the same index: the build for that torch)
 #   FORCE_CUDA   1: build mmcv's CUDA kernels (needs a CUDA toolkit matching torch on the PATH);
 #                an installed mmcv without them is rebuilt
 #   NALA_VENV    where the environment lives (default .venv)
@@ -81,6 +82,35 @@ $PIP install -q "$(pin mmengine)" "$(pin mmsegmentation)" "$(pin mmdet)" einops 
 # needs are listed explicitly instead.
 $PIP install -q --no-deps openmim
 $PIP install -q click colorama model-index tabulate pandas requests rich
+# mmpretrain (configs/imagenet, make demo-cls) imports torchvision without declaring it, and a
+# torchvision wheel is built for exactly one torch: pip's resolver picks the one pinned to the
+# torch installed above (from NALA_TORCH's index, if it names one). It is tried in a scratch
+# folder first and installed only if it imports: PyPI's Linux wheels are CUDA builds, which fail
+# to import beside a CPU torch and would then break every `import mmdet.models` (mmdet imports
+# mmpretrain when it is there).
+log "installing mmpretrain and the torchvision built for this torch"
+TORCH_VERSION=$("$VENV/bin/python" -c "import torch; print(torch.__version__.split('+')[0])")
+TORCH_INDEX=$(printf '%s\n' "$TORCH_SPEC" | grep -o -E -- '--(extra-)?index-url[= ][^ ]+' || true)
+scratch=$(mktemp -d)
+# shellcheck disable=SC2086
+$PIP install -q --dry-run --report "$scratch/report.json" torchvision "torch==$TORCH_VERSION" $TORCH_INDEX
+TORCHVISION=$("$VENV/bin/python" -c "import json, sys; print(next(i['metadata']['version'] for i in json.load(open(sys.argv[1]))['install'] if i['metadata']['name'] == 'torchvision'))" "$scratch/report.json")
+# shellcheck disable=SC2086
+$PIP install -q --no-deps --target "$scratch/tv" "torchvision==$TORCHVISION" $TORCH_INDEX
+if PYTHONPATH="$scratch/tv" "$VENV/bin/python" -c "import torchvision" 2>"$scratch/error"; then
+  # shellcheck disable=SC2086
+  $PIP install -q --no-deps "torchvision==$TORCHVISION" $TORCH_INDEX
+else
+  log "WARNING: torchvision $TORCHVISION (the build pip finds for torch $TORCH_VERSION) does not import"
+  log "  beside this torch ($(tail -n 1 "$scratch/error")): not installed. mmpretrain's models need it:"
+  log "  install the build for this torch, e.g. for the CPU build of torch:"
+  log "  $VENV/bin/pip install --no-deps torchvision==$TORCHVISION --index-url https://download.pytorch.org/whl/cpu"
+fi
+rm -rf "$scratch"
+# its modelindex requirement is an empty placeholder package (openmim's model-index provides the
+# module); its other needs are listed
+$PIP install -q --no-deps "$(pin mmpretrain)"
+$PIP install -q mat4py importlib-metadata
 # Re-pin last: some dependency resolutions above move setuptools.
 $PIP install -q "setuptools>=77,<82"
 # The checkout installed in place with its metadata beside it (setup.py's develop command), so
