@@ -2,7 +2,7 @@
 # generated ImageNet-layout data (nala_mm.datasets.synthetic_imagenet: four classes, 64x64),
 # sized for a 2-core CPU. Changes the data root and classes, the widths, the schedule and the
 # augmentation (the recipe's RandAugment, random erasing, Mixup/CutMix and EMA are for 300
-# epochs of ImageNet, not for a few hundred iterations on 256 images).
+# epochs of ImageNet, not for a few hundred iterations on 800 images).
 _base_ = ['../imagenet/nalaformer-t_8xb128-300e_in1k.py']
 
 data_root = 'data/demo/imagenet'
@@ -25,7 +25,7 @@ model = dict(
 
 train_pipeline = [
     dict(type='LoadImageFromFile'),
-    dict(type='RandomResizedCrop', scale=image_size, crop_ratio_range=(0.35, 1.0),
+    dict(type='RandomResizedCrop', scale=image_size, crop_ratio_range=(0.75, 1.0),
          backend='pillow', interpolation='bicubic'),
     dict(type='RandomFlip', prob=0.5, direction='horizontal'),
     dict(type='PackInputs'),
@@ -44,8 +44,8 @@ test_evaluator = val_evaluator
 
 # one process x 16 images: the batch the demo's learning rate is set for
 auto_scale_lr = dict(base_batch_size=16)
-max_epochs = 20  # 16 iterations an epoch on the default 4 x 64 training images: 320 iterations
-optim_wrapper = dict(optimizer=dict(lr=2e-3))
+max_epochs = 16  # 50 iterations an epoch on the default 4 x 200 training images: 800 iterations
+optim_wrapper = dict(optimizer=dict(lr=1e-3))
 param_scheduler = [
     dict(type='LinearLR', start_factor=1e-3, by_epoch=True, begin=0, end=1,
          convert_to_iter_based=True),
@@ -55,7 +55,7 @@ param_scheduler = [
 train_cfg = dict(by_epoch=True, max_epochs=max_epochs, val_interval=max_epochs)
 custom_hooks = [dict(type='AuthorsCheckpointHook')]  # no EMA
 default_hooks = dict(
-    logger=dict(type='LoggerHook', interval=16),
+    logger=dict(type='LoggerHook', interval=25),
     checkpoint=dict(type='CheckpointHook', interval=max_epochs, max_keep_ckpts=1,
                     save_best=None))
 randomness = dict(seed=0)

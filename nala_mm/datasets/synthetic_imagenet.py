@@ -1,10 +1,10 @@
 """Synthetic classification data in the ImageNet folder layout (the classification demo's).
 
-Each image shows one object on an indoor background, drawn by the ADE20K-layout generator's
-drawers (:mod:`.synthetic_ade`): a brick wall above a plank floor, then a window, a plant, a
-painting or a lamp, whose class is the image's label. Every colour is drawn at random per image,
-so the classes can only be told apart by shape and texture; clutter strokes, an illumination
-gradient and sensor noise spoil flat shortcuts.
+Each image shows one object in a plain room (a smooth wall over a floor), drawn by the ADE20K-layout
+generator's drawers (:mod:`.synthetic_ade`): a window, a plant, a painting or a lamp, whose class
+is the image's label. Every colour is drawn at random per image, so the classes can only be told
+apart by shape and texture; clutter strokes, an illumination gradient and sensor noise spoil flat
+shortcuts.
 
 Layout (what mmpretrain's ``ImageNet`` and ``CustomDataset`` read without an annotation file,
 as the authors' torchvision ``ImageFolder`` does; class index = position of the folder in sorted
@@ -23,7 +23,8 @@ from PIL import Image
 from tqdm import tqdm
 
 from . import synthetic_common as common
-from .synthetic_ade import _OBJECT_DRAWERS, _brick, _clutter, _planks
+from .synthetic_ade import _OBJECT_DRAWERS, _clutter
+from .synthetic_common import colour_pair, mix
 
 # Sorted: mmpretrain numbers the class folders in sorted order, and a config's metainfo names
 # them in that order.
@@ -32,16 +33,23 @@ _STAMP_NAME = '.synthetic_imagenet.json'
 # Bump whenever the rendered output changes, so stale stamps stop matching.
 _FORMAT_VERSION = 1
 _SPLITS = ('train', 'val')
-_MIN_OBJECT_FRACTION = 0.04  # of the image: an object smaller than this is redrawn
+_DRAW_SIDE = 48  # px: the drawers' objects are 18 to 26 px wide here
+_MIN_OBJECT_FRACTION = 0.08  # of the image: an object smaller than this is redrawn
 _PLACEMENT_TRIES = 30
 
 
 def _render(rng: np.random.Generator, label: int, height: int, width: int) -> np.ndarray:
-    """One image (RGB uint8) showing one object of class ``CLASSES[label]``."""
-    grid = tuple(np.mgrid[0:height, 0:width].astype(np.float32))
+    """One image (RGB uint8) showing one object of class ``CLASSES[label]``, drawn at
+    :data:`_DRAW_SIDE` pixels on the shorter side (where the drawers' objects fill a third to a
+    half of it, as an ImageNet object fills its photo) and resized to ``height x width``."""
+    scale = _DRAW_SIDE / min(height, width)
+    h, w = round(height * scale), round(width * scale)
+    grid = tuple(np.mgrid[0:h, 0:w].astype(np.float32))
     yy, xx = grid
-    is_wall = yy < height * rng.uniform(0.3, 0.7)
-    image = np.where(is_wall[..., None], _brick(rng, grid), _planks(rng, grid))
+    # a plain room: a smooth wall over a floor, two random colours each
+    is_wall = yy < h * rng.uniform(0.3, 0.7)
+    wall, floor = (mix(np.clip(yy / h, 0, 1), *colour_pair(rng)) for _ in range(2))
+    image = np.where(is_wall[..., None], wall, floor)
     for _ in range(_PLACEMENT_TRIES):
         mask, rgb = _OBJECT_DRAWERS[CLASSES[label]](rng, grid)
         if mask.mean() >= _MIN_OBJECT_FRACTION:
@@ -49,16 +57,17 @@ def _render(rng: np.random.Generator, label: int, height: int, width: int) -> np
     image[mask] = rgb[mask]
     image[_clutter(rng, grid)] = rng.uniform(0, 255, 3)
     slope_x, slope_y = rng.uniform(-0.25, 0.25, 2)
-    light = 1 + slope_x * (xx / width - 0.5) + slope_y * (yy / height - 0.5)
+    light = 1 + slope_x * (xx / w - 0.5) + slope_y * (yy / h - 0.5)
     image = image * light[..., None] + rng.normal(0, rng.uniform(2, 6), image.shape)
-    return np.clip(np.rint(image), 0, 255).astype(np.uint8)
+    image = Image.fromarray(np.clip(np.rint(image), 0, 255).astype(np.uint8))
+    return np.asarray(image.resize((width, height), Image.BICUBIC))
 
 
 def _file_names(class_name: str, count: int) -> List[str]:
     return [f'{class_name}_{i:05d}.JPEG' for i in range(count)]
 
 
-def generate_imagenet_like(root: str, num_train: int = 64, num_val: int = 16,
+def generate_imagenet_like(root: str, num_train: int = 200, num_val: int = 50,
                            image_size: Tuple[int, int] = (64, 64), seed: int = 0,
                            progress: bool = True) -> dict:
     """Write a synthetic ImageNet-layout dataset under ``root`` (skipped if already there).
