@@ -171,3 +171,18 @@ def test_the_learning_rate_per_epoch_follows_theirs():
     worst = max(abs(ours[e] - timm(e)) for e in range(EPOCHS)) / peak
     assert worst < 0.016  # the config's comment: at most 1.5 % of the peak
     assert ours[-1] == pytest.approx(MIN_LR, rel=0.05)
+
+
+def test_the_demo_result_is_the_committed_summary():
+    """configs/metafiles/imagenet.yml's Result is benchmarks/results/studies/demo_cls.json's
+    (written by `tools/demo.py cls`), clearly above chance."""
+    import json
+
+    from modelindex.load_model_index import load as load_index
+    summary = json.loads((REPO / 'benchmarks/results/studies/demo_cls.json').read_text())
+    assert summary['config'] == 'configs/demo/imagenet_demo_nala_cls.py'
+    entry, = [m for m in load_index(str(REPO / 'model-index.yml')).models
+              if m.config == summary['config']]
+    result, = entry.results
+    assert result.metrics['Top 1 Accuracy'] == round(summary['metrics']['accuracy/top1'], 1)
+    assert summary['metrics']['accuracy/top1'] > 2 * summary['chance_top1']
