@@ -46,7 +46,7 @@ import os
 import os.path as osp
 import tempfile
 import time
-from typing import List
+from typing import List, Tuple
 
 import torch
 
@@ -232,26 +232,29 @@ def ratio_rows(rows: List[dict]) -> List[dict]:
 KEEP_SPEEDUP, KEEP_MEMORY = 1.05, 0.90  # >= 5 % faster, or >= 10 % less peak memory
 
 
-def keep_rows(ratios: List[dict]) -> List[list]:
-    """Per node: its eager gains over the reference alone and in NaLaFormer-T's training step,
-    against compiled code, and the verdict (kept if either place meets the rule)."""
+def keep_rows(ratios: List[dict]) -> Tuple[List[list], List[int]]:
+    """Per node: its eager gains over the reference alone and in NaLaFormer-T's training step at
+    each measured size, against compiled code, and the verdict (kept if any place meets the
+    rule)."""
+    sides = sorted({r['side'] for r in ratios if r['part'] == 'nodes_model'})
     rows = []
     for node in NODES:
         found = {r['slower'].split('@')[1]: r for r in ratios
                  if r['part'] == 'nodes' and r['faster'] == f'{node}@fast'}
-        in_model = next((r for r in ratios if r['part'] == 'nodes_model'
-                         and r['slower'] == f'nala_t_linear@{node}-reference'), None)
+        in_model = [next((r for r in ratios if r['part'] == 'nodes_model' and r['side'] == side
+                          and r['slower'] == f'nala_t_linear@{node}-reference'), None)
+                    for side in sides]
         eager, compiled = found.get('reference'), found.get('compiled')
         if eager is None or eager['speedup'] is None:
             continue
         keep = any(r['speedup'] >= KEEP_SPEEDUP or (r['memory_ratio'] or 1) <= KEEP_MEMORY
-                   for r in (eager, in_model) if r and r['speedup'])
+                   for r in (eager, *in_model) if r and r['speedup'])
         rows.append([node, report.fmt(eager['speedup'], 2), report.fmt(eager['memory_ratio'], 2),
-                     report.fmt(in_model and in_model['speedup'], 2),
-                     report.fmt(in_model and in_model['memory_ratio'], 2),
+                     *[report.fmt(r and r[key], 2) for r in in_model
+                       for key in ('speedup', 'memory_ratio')],
                      report.fmt(compiled and compiled['speedup'], 2),
                      'keep' if keep else 'remove'])
-    return rows
+    return rows, sides
 
 
 def write_outputs(saved: dict, stem: str) -> None:
@@ -277,10 +280,12 @@ def write_outputs(saved: dict, stem: str) -> None:
         [[r['part'], r['mode'], r['side'], r['faster'], r['slower'], report.fmt(r['speedup'], 2),
           report.fmt(r['memory_ratio'], 2)] for r in saved['ratios']])
     lines += ['', '## The hand-written nodes: keep or remove\n']
+    verdicts, sides = keep_rows(saved['ratios'])
     lines += report.markdown_table(
         ['node', 'op: fast vs reference, speed-up', 'op: peak memory fast / reference',
-         'NaLaFormer-T step: speed-up', 'NaLaFormer-T step: peak memory',
-         'op: fast vs compiled reference, speed-up', 'verdict'], keep_rows(saved['ratios']))
+         *[f'NaLaFormer-T step {side}²: {what}' for side in sides
+           for what in ('speed-up', 'peak memory')],
+         'op: fast vs compiled reference, speed-up', 'verdict'], verdicts)
     report.write_markdown(stem + '.md', lines)
     plot(saved['ratios'], stem + '.png')
 
