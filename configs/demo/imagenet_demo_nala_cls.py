@@ -43,7 +43,7 @@ val_evaluator = dict(type='Accuracy', topk=(1,))
 test_evaluator = val_evaluator
 
 # one process x 16 images: the batch the demo's learning rate is set for
-auto_scale_lr = dict(base_batch_size=16)
+auto_scale_lr = dict(enable=False, base_batch_size=16)
 max_epochs = 16  # 50 iterations an epoch on the default 4 x 200 training images: 800 iterations
 optim_wrapper = dict(optimizer=dict(lr=1e-3))
 param_scheduler = [

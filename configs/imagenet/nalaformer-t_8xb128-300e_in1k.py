@@ -72,7 +72,7 @@ optim_wrapper = dict(
     paramwise_cfg=dict(_delete_=True, flat_decay_mult=0.0, bias_decay_mult=0.0))
 # The lr follows the total batch linearly (their 5e-4 x batch / 512): --auto-scale-lr scales it
 # from the 1024 it is set for. (Their warm-up start 1e-6 stays absolute; here it scales along.)
-auto_scale_lr = dict(base_batch_size=1024)
+auto_scale_lr = dict(enable=False, base_batch_size=1024)
 
 # 5 warm-up epochs from 1e-6, then cosine to 1e-5 at epoch 300, stepped once per epoch as their
 # timm scheduler is. Their cosine phase counts from epoch 0 over 300 epochs (so it starts at
