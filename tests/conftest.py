@@ -11,10 +11,14 @@ import pytest
 import torch
 from hypothesis import settings
 
-import nala_mm.compat  # noqa: F401
-from nala_mm.datasets.synthetic_ade import generate_ade_like
-from nala_mm.datasets.synthetic_cityscapes import generate_cityscapes_like
-from nala_mm.datasets.synthetic_coco import generate_coco_like
+from tests.support.side_torchvision import use_torchvision_without_ops
+
+use_torchvision_without_ops()  # before nala_mm imports mmdet (tests/support/side_torchvision.py)
+
+import nala_mm.compat  # noqa: E402,F401
+from nala_mm.datasets.synthetic_ade import generate_ade_like  # noqa: E402
+from nala_mm.datasets.synthetic_cityscapes import generate_cityscapes_like  # noqa: E402
+from nala_mm.datasets.synthetic_coco import generate_coco_like  # noqa: E402
 
 # the same examples on every run (a failure reproduces; nothing new is drawn in CI)
 settings.register_profile('nala', derandomize=True, deadline=None, print_blob=True)

@@ -48,7 +48,11 @@ def value_and_grads(fn, q, k, v, weights):
 
 
 def tool_env(**extra) -> dict:
-    return dict(os.environ, PYTHONPATH=str(REPO), PYTHONWARNINGS='ignore', **extra)
+    """The environment a tool runs in: the repository first on the path, then what the test
+    run had there (tests/support/pretrain.py)."""
+    path = os.pathsep.join([str(REPO)] + [p for p in os.environ.get('PYTHONPATH', '').split(
+        os.pathsep) if p])
+    return dict(os.environ, PYTHONPATH=path, PYTHONWARNINGS='ignore', **extra)
 
 
 def run_tool(*args, cwd=REPO, timeout=600, env=None) -> str:

@@ -100,11 +100,16 @@ $PIP install -q --no-deps --target "$scratch/tv" "torchvision==$TORCHVISION" $TO
 if PYTHONPATH="$scratch/tv" "$VENV/bin/python" -c "import torchvision" 2>"$scratch/error"; then
   # shellcheck disable=SC2086
   $PIP install -q --no-deps "torchvision==$TORCHVISION" $TORCH_INDEX
+  rm -rf "$VENV/torchvision-without-ops"
 else
   log "WARNING: torchvision $TORCHVISION (the build pip finds for torch $TORCH_VERSION) does not import"
   log "  beside this torch ($(tail -n 1 "$scratch/error")): not installed. mmpretrain's models need it:"
   log "  install the build for this torch, e.g. for the CPU build of torch:"
   log "  $VENV/bin/pip install --no-deps torchvision==$TORCHVISION --index-url https://download.pytorch.org/whl/cpu"
+  # kept outside the environment for the test run alone (tests/support/pretrain.py)
+  log "  (kept in $VENV/torchvision-without-ops for the tests of the mmpretrain classifier)"
+  rm -rf "$VENV/torchvision-without-ops"
+  mv "$scratch/tv" "$VENV/torchvision-without-ops"
 fi
 rm -rf "$scratch"
 # its modelindex requirement is an empty placeholder package (openmim's model-index provides the

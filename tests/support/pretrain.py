@@ -1,8 +1,10 @@
 """Whether mmpretrain's models import here: they need torchvision, which mmpretrain does not
 declare, and torchvision's wheels are built for one torch each. The tests of the mmpretrain
-classifier skip, naming the reason, where they cannot import (never faked): e.g. a CPU build of
-torch beside PyPI's CUDA build of the matching torchvision, whose ``import torchvision`` fails
-(``operator torchvision::nms does not exist``). tools/check_env.py names the same problem."""
+classifier skip, naming the reason, where they cannot import: e.g. a CPU build of torch beside
+PyPI's CUDA build of the matching torchvision, whose ``import torchvision`` fails (``operator
+torchvision::nms does not exist``). tools/check_env.py names the same problem.
+(tests/support/side_torchvision.py may make them import for the test run.)
+"""
 import functools
 from typing import Optional
 
