@@ -12,6 +12,9 @@ mmengine's ``HistoryBuffer`` and numpy's  weights-only unpickling: mmengine 0.10
 array/scalar/dtype reconstructors         ``torch.load`` without ``weights_only`` (the message
                                           hub's buffers and logged numpy values are the only
                                           non-tensor types a Runner checkpoint holds)
+and ``argparse.Namespace``                the authors' DeiT-style training files hold their
+                                          command line as a Namespace (``'args'``), beside the
+                                          weights: a plain attribute holder, no code to run
 ``HistoryBuffer.__getstate__`` /          a buffer pickles only its data; by default it drags
 ``__setstate__``                          in functions through ``builtins.getattr``, which must
                                           never be allow-listed
@@ -35,6 +38,8 @@ Checkpoints saved by a run without these changes hold ``HistoryBuffer``'s defaul
 be refused under weights-only loading: load such a file once with weights-only loading turned off
 (only if you trust it) and re-save it from a run with this module installed.
 """
+import argparse
+
 import torch
 from mmengine.dist import utils as dist_utils
 from mmengine.fileio.backends import LocalBackend
@@ -58,8 +63,10 @@ def install() -> None:
     HistoryBuffer.__getstate__ = history_getstate
     HistoryBuffer.__setstate__ = history_setstate
     safe = torch.serialization.get_safe_globals()
-    torch.serialization.add_safe_globals(
-        [g for g in (HistoryBuffer, *numpy_safe_globals()) if g not in safe])
+    missing = [g for g in (HistoryBuffer, argparse.Namespace, *numpy_safe_globals())
+               if g not in safe]
+    if missing:  # torch keeps them in a set: even an empty addition may reorder its listing
+        torch.serialization.add_safe_globals(missing)
     if CheckpointLoader._schemes.get('') is not load_from_local:
         CheckpointLoader.register_scheme(prefixes='', loader=load_from_local, force=True)
     LocalBackend.put = atomic_put

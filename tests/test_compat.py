@@ -29,7 +29,10 @@ def host_state():
         seg_load=BaseSegDataset.load_data_list,
         coco_load=CocoDataset.load_data_list,
         update_params=OptimWrapper.update_params,
-        safe_globals=tuple(torch.serialization.get_safe_globals()),
+        # torch allow-lists types of its own as its submodules are first imported (DTensor's,
+        # dynamo's), whoever imports them: those are not the plugin's changes
+        safe_globals=tuple(g for g in torch.serialization.get_safe_globals()
+                           if not getattr(g, '__module__', '').startswith('torch.')),
     )
 
 before = host_state()

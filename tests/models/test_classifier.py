@@ -2,6 +2,7 @@
 (AuthorsCheckpointHook) and give the released model's logits, checked against the independent
 transcription of the released classifier (tests/reference/released_nalaformer.py); what does not
 fit is refused with every problem named."""
+import argparse
 import os.path as osp
 
 import pytest
@@ -22,9 +23,11 @@ T_CONFIG = osp.join(REPO, 'configs', 'imagenet', 'nalaformer-t_8xb128-300e_in1k.
 
 
 def authors_file(path, model, ema=None) -> str:
-    """An authors' training checkpoint: DeiT's keys (their optimizer state stands in as a dict)."""
+    """An authors' training checkpoint: DeiT's keys, their command line as the Namespace their
+    main.py saves (their optimizer state stands in as a dict)."""
     content = {'model': model.state_dict(), 'optimizer': {'state': {}, 'param_groups': []},
-               'epoch': 299, 'max_accuracy': 80.0}
+               'epoch': 299, 'max_accuracy': 80.0,
+               'args': argparse.Namespace(model='NaLaFormer_T', lr=1e-3, epochs=300)}
     if ema is not None:
         content['model_ema'] = ema.state_dict()
     torch.save(content, path)

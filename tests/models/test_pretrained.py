@@ -1,6 +1,7 @@
 """Loading checkpoints into NaLaFormer: the authors' released files (checked against an
 independent transcription of the released model), converted and whole-model checkpoints, the
 table of the authors' checkpoints, and the refusals and messages when a file does not fit."""
+import argparse
 import os.path as osp
 
 import pytest
@@ -179,7 +180,8 @@ def test_ema_weights_are_chosen_on_request(tmp_path):
     state = released_model(TINY).state_dict()
     ema = {k: v + 1 if v.is_floating_point() and 'RoPE' not in k else v for k, v in state.items()}
     path = tmp_path / 'with_ema.pth'
-    torch.save({'model': state, 'model_ema': ema}, path)
+    # as their main.py saves it: the command line as a Namespace beside the weights
+    torch.save({'model': state, 'model_ema': ema, 'args': argparse.Namespace(epochs=300)}, path)
     model = NaLaFormer(arch=TINY, init_cfg=dict(type='Pretrained', checkpoint=str(path),
                                                 use_ema=True))
     model.init_weights()
