@@ -310,12 +310,26 @@ class NaLaFormer(BaseModule):
 
     # ------------------------------------------------------------------ initialisation
     def init_weights(self) -> None:
-        if self.init_cfg is not None and self.init_cfg.get('type') == 'Pretrained':
-            load_pretrained(self, self.init_cfg['checkpoint'],
-                            use_ema=self.init_cfg.get('use_ema', False))
-            return
-        if self.init_cfg is not None:
-            super().init_weights()
+        """``init_cfg`` as mmengine takes it (a dict or a list of dicts); a ``'Pretrained'``
+        entry loads through :func:`load_pretrained` (the authors' layout, a report of what
+        loaded), after the other entries, as mmengine orders it."""
+        entries = (list(self.init_cfg) if isinstance(self.init_cfg, (list, tuple))
+                   else [] if self.init_cfg is None else [self.init_cfg])
+        pretrained = [e for e in entries if e.get('type') == 'Pretrained']
+        others = [e for e in entries if e.get('type') != 'Pretrained']
+        if len(pretrained) > 1:
+            raise ValueError(f'init_cfg has {len(pretrained)} Pretrained entries '
+                             f'({[e.get("checkpoint") for e in pretrained]}); expected one')
+        if others:
+            whole, self.init_cfg = self.init_cfg, others
+            try:
+                super().init_weights()
+            finally:
+                self.init_cfg = whole
+        if pretrained:
+            load_pretrained(self, pretrained[0]['checkpoint'],
+                            use_ema=pretrained[0].get('use_ema', False))
+        if entries:
             return
         for module in self.modules():
             if isinstance(module, nn.Linear):

@@ -323,3 +323,26 @@ def test_missing_pretrained_checkpoint_says_where_and_how_to_train_from_scratch(
     assert all(m.training for m in scratch_model.modules())
 
 
+
+
+def test_a_list_init_cfg_runs_its_entries_then_loads_the_pretrained_one(tmp_path):
+    """mmengine's list form: the other entries first, the authors' file last, through the
+    project's loader (checkpoint tensors win; the dense-only output norms keep the entry's)."""
+    state = released_model(TINY).state_dict()
+    path = tmp_path / 'authors.pth'
+    torch.save({'model': state}, path)
+    model = NaLaFormer(arch=TINY, mixers=RELEASED_MIXERS, init_cfg=[
+        dict(type='Constant', layer='LayerNorm', val=0.5, bias=0.25),
+        dict(type='Pretrained', checkpoint=str(path))])
+    model.init_weights()
+    assert torch.equal(model.layers[0].blocks[0].norm1.norm.weight,
+                       state['layers.0.blocks.0.norm1.norm.weight'])
+    new = model.out_norm0.norm
+    assert torch.equal(new.weight, torch.full_like(new.weight, 0.5))
+    assert torch.equal(new.bias, torch.full_like(new.bias, 0.25))
+    assert isinstance(model.init_cfg, list)  # left as given
+
+    twice = NaLaFormer(arch=TINY, init_cfg=[dict(type='Pretrained', checkpoint='a.pth'),
+                                            dict(type='Pretrained', checkpoint='b.pth')])
+    with pytest.raises(ValueError, match=r"2 Pretrained entries \(\['a.pth', 'b.pth'\]\)"):
+        twice.init_weights()
