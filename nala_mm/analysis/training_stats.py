@@ -12,7 +12,8 @@ of the model), from that iteration's own forward and backward:
   produces; 0 for softmax).
 
 Scalars go to mmengine's message hub as ``train/mixer/<name>/<stat>``, so the LoggerHook prints
-them and ``scalars.json`` keeps them. Config (after ``custom_imports = dict(imports=['nala_mm'])``)::
+them and ``scalars.json`` keeps them. Config (after
+``custom_imports = dict(imports=['nala_mm'])``)::
 
     custom_hooks = [dict(type='MixerStatsHook', layers=['backbone.layers.0.blocks.0.attn'],
                          interval=25)]
