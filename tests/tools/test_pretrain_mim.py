@@ -1,9 +1,11 @@
 """``mim train nala_mm nalaformer-t_8xb128-300e_in1k.py`` from an empty folder: mim finds the
 config in the installed package (the checkout's in-place install) and the run stops at the
 missing ImageNet folder, not at an import (``make test-extended``)."""
+import os
+
 import pytest
 
-from tests.helpers import PYTHON, tool_env
+from tests.helpers import PYTHON, REPO, tool_env
 from tests.support.pretrain import requires_mmpretrain
 
 pytestmark = [pytest.mark.extended, pytest.mark.integration, requires_mmpretrain]
@@ -11,7 +13,9 @@ pytestmark = [pytest.mark.extended, pytest.mark.integration, requires_mmpretrain
 
 def test_mim_finds_the_imagenet_config_and_stops_at_the_missing_data(tmp_path):
     import subprocess
-    env = {k: v for k, v in tool_env().items() if k != 'PYTHONPATH'}
+    env = tool_env()  # without the checkout on the path: the package as mim finds it
+    env['PYTHONPATH'] = os.pathsep.join(p for p in env['PYTHONPATH'].split(os.pathsep)
+                                        if p != str(REPO))
     proc = subprocess.run([PYTHON, '-m', 'mim', 'train', 'nala_mm',
                            'nalaformer-t_8xb128-300e_in1k.py'], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=600)
