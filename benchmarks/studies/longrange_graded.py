@@ -37,6 +37,7 @@ from statistics import mean, median
 from typing import Dict, List, Optional
 
 from nala_mm.analysis.measure import error_of
+from nala_mm.analysis.training_stats import series_mean
 
 from ..lib import report
 from ..lib.paths import REPO, STUDY_RESULTS
@@ -337,6 +338,43 @@ def level_model(plan: dict, runs: List[dict], levels: Dict[str, dict]) -> Option
                 interaction_p=likelihood_ratio_p(full, reduced, len(interaction)))
 
 
+EARLY_ITERS = 500  # the diagnosis' early phase: before most runs cross the threshold
+DIAGNOSIS_STATS = {  # name: (mixer_stats or loss key, iterations it averages over)
+    'final loss': ('loss', 'last'), 'gradient norm, early': ('grad_norm', 'early'),
+    'gradient norm, late': ('grad_norm', 'last'), 'exponent, final': ('exponent', 'last'),
+    'saturated share, final': ('saturated', 'last'),
+    'negative share, early': ('negative', 'early'), 'negative share, final': ('negative', 'last')}
+
+
+def diagnosis(plan: dict, runs: List[dict]) -> dict:
+    """The plan's exploratory diagnosis: the primary mixers' runs at the task's band, each
+    summarised from its training series (the loss and the stage-1 mixer's MixerStatsHook
+    scalars: mean over the first ``EARLY_ITERS`` iterations, or over the last four logged
+    steps), then the median per mixer and outcome; the paper's NaLa's misses against its
+    successes, and against the fixed-exponent variant at the same seeds (per run)."""
+    chosen = [r for r in runs if r['mixer'] in plan['primary']
+              and r['band'] == plan['levels_px'][0]]
+
+    def summary(run: dict) -> dict:
+        row = dict(mixer=run['mixer'], seed=run['seed'], success=run['success'])
+        for name, (key, span) in DIAGNOSIS_STATS.items():
+            row[name] = series_mean(run['loss'] if key == 'loss' else run['mixer_stats'], key,
+                                    **(dict(last=4) if span == 'last'
+                                       else dict(until=EARLY_ITERS)))
+        return row
+    rows = [summary(r) for r in chosen]
+    groups = []
+    for mixer in plan['primary']:
+        for success in (True, False):
+            members = [r for r in rows if r['mixer'] == mixer and r['success'] == success]
+            if members:
+                groups.append(dict(mixer=mixer, success=success, runs=len(members), **{
+                    name: median(v) if (v := [m[name] for m in members
+                                               if m[name] is not None]) else None
+                    for name in DIAGNOSIS_STATS}))
+    return dict(runs=rows, groups=groups)
+
+
 def fmt_p(value: Optional[float]) -> str:
     return '-' if value is None else (f'{value:.4f}' if value >= 1e-4 else f'{value:.1e}')
 
@@ -392,6 +430,22 @@ def write_outputs(saved: dict, stem: str) -> None:
                       f"(likelihood ratio) p = {fmt_p(model['interaction_p'])}.", '']
         lines += report.markdown_table(['term', 'coefficient'],
                                        [[k, f'{v:+.3f}'] for k, v in model['terms'].items()])
+    lines += ['', "## Diagnosis (exploratory): the paper's NaLa, missing against succeeding", '',
+              f"The primary mixers' runs at band {task_band}, summarised from their training "
+              f'series: early = mean over the first {EARLY_ITERS} iterations, otherwise over the '
+              "last four logged steps; the stage-1 mixer's scalars (MixerStatsHook). Median per "
+              'mixer and outcome:', '']
+    names = list(DIAGNOSIS_STATS)
+    lines += report.markdown_table(
+        ['mixer', 'outcome', 'runs', *names],
+        [[labels[g['mixer']], 'success' if g['success'] else 'miss', g['runs'],
+          *[report.fmt(g[n], 4) for n in names]] for g in saved['diagnosis']['groups']])
+    lines += ['', 'Per run (the same seeds side by side):', '']
+    lines += report.markdown_table(
+        ['seed', 'mixer', 'success', *names],
+        [[r['seed'], r['mixer'], 'yes' if r['success'] else 'no',
+          *[report.fmt(r[n], 4) for n in names]]
+         for r in sorted(saved['diagnosis']['runs'], key=lambda r: (r['seed'], r['mixer']))])
     lines += ['', '## Runs', '']
     lines += report.markdown_table(
         ['band', 'mixer', 'seed', 'object mIoU', 'success', 'crossing', 'exemplar mass',
@@ -441,7 +495,8 @@ def write_report(args: argparse.Namespace, plan: dict, levels: Dict[str, dict]) 
     saved = dict(plan=plan, plan_path=args.plan if inside.startswith('..') else inside,
                  plan_commit=plan_commit(args.plan),
                  threshold=success_threshold(plan), planned=len(planned_runs(plan)),
-                 levels=levels, runs=runs, graded=grade(plan, runs, levels))
+                 levels=levels, runs=runs, graded=grade(plan, runs, levels),
+                 diagnosis=diagnosis(plan, runs))
     stem = osp.join(args.out, NAME)
     write_outputs(saved, stem)
     return stem + '.md'

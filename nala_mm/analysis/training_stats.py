@@ -153,3 +153,16 @@ def mixer_statistics(layer: GatedAttention, x: torch.Tensor, hw_shape=None, num_
                 exponent=None if power is None else float(power.mean()),
                 saturated=None if power is None or ceiling is None
                 else float((power >= SATURATION * ceiling).double().mean()))
+
+
+def series_mean(records: Sequence[dict], key: str, until: Optional[int] = None,
+                last: Optional[int] = None) -> Optional[float]:
+    """Mean of ``key`` over logged records (dicts with ``'iter'``, as a run's ``scalars.json``
+    gives them) that hold it: those at iterations up to ``until``, or the ``last`` ones; all of
+    them with neither. ``None`` when no record holds it."""
+    if until is not None and last is not None:
+        raise ValueError(f'give until ({until}) or last ({last}), not both')
+    values = [r[key] for r in records if r.get(key) is not None
+              and (until is None or r['iter'] <= until)]
+    values = values[-last:] if last else values
+    return sum(values) / len(values) if values else None

@@ -8,7 +8,7 @@ import torch
 from mmengine.config import Config
 from mmengine.runner import Runner
 
-from nala_mm.analysis.training_stats import MixerStatsHook
+from nala_mm.analysis.training_stats import MixerStatsHook, series_mean
 from nala_mm.models import NaLaFormer, NormAwareLinearAttention
 
 TINY = dict(embed_dims=(16, 32, 32, 32), depths=(1, 1, 1, 1), num_heads=(1, 2, 2, 2),
@@ -90,3 +90,15 @@ def test_scalars_reach_scalars_json_through_the_runner(tmp_path):
     assert [r['step'] for r in logged] == [2, 4]
     assert all(r[f'mixer/backbone.{LAYER}/grad_norm'] > 0 for r in logged)
     assert all(0 <= r[f'mixer/backbone.{LAYER}/saturated'] <= 1 for r in logged)
+
+
+def test_series_mean_over_the_early_steps_or_the_last_ones():
+    records = [dict(iter=25, loss=0.8, grad_norm=1.0), dict(iter=50, loss=0.6),
+               dict(iter=75, loss=0.4, grad_norm=3.0), dict(iter=100, loss=0.2, grad_norm=None)]
+    assert series_mean(records, 'loss', until=50) == pytest.approx(0.7)
+    assert series_mean(records, 'loss', last=3) == pytest.approx(0.4)
+    assert series_mean(records, 'grad_norm') == pytest.approx(2.0)  # absent and None skipped
+    assert series_mean(records, 'grad_norm', until=10) is None
+    assert series_mean(records, 'exponent') is None
+    with pytest.raises(ValueError, match=r'give until \(50\) or last \(2\), not both'):
+        series_mean(records, 'loss', until=50, last=2)
