@@ -31,7 +31,7 @@ from mmengine.model import BaseModule, is_model_wrapper
 from torch import Tensor, nn
 
 from ..registry import register_hook, register_model
-from .pretrained import _describe, checkpoint_filter, layout_of
+from .pretrained import checkpoint_filter, describe_keys, layout_of
 from .state_dicts import EMA_KEY, WRAPPER_PREFIX, strip_wrapper
 
 # The width of the released tail (their ``projection=1024``, the same for every variant).
@@ -126,7 +126,7 @@ def classifier_state_dict(state: Mapping, model: nn.Module,
     unexpected = [k for k in tail if k not in own]
     mis_shaped = [f'{k} {tuple(tail[k].shape)} vs model {tuple(own[k].shape)}'
                   for k in tail if k in own and tail[k].shape != own[k].shape]
-    problems += [_describe(keys, what) for keys, what in (
+    problems += [describe_keys(keys, what) for keys, what in (
         (missing, 'classification-tail keys missing from the checkpoint (neck/head)'),
         (unexpected, 'unexpected classification-tail keys (after renaming)'),
         (mis_shaped, 'mis-shaped tail tensors (is num_classes or the projection width '

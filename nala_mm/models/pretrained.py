@@ -103,7 +103,9 @@ def check_rope_frequencies(stored: Mapping[int, Tensor], expected: Sequence[Tens
                 f'that was trained: refusing to load.')
 
 
-def _describe(keys: List[str], what: str, limit: int = 12) -> str:
+def describe_keys(keys: List[str], what: str, limit: int = 12) -> str:
+    """``'N what: k1, k2, ...'`` with at most ``limit`` keys named: one problem line of a
+    checkpoint report (used by the backbone's and the classifier's loaders)."""
     more = f', ... ({len(keys) - limit} more)' if len(keys) > limit else ''
     shown = ', '.join(keys[:limit]) + more
     return f'{len(keys)} {what}: {shown}'
@@ -139,7 +141,7 @@ def checkpoint_filter(checkpoint: Mapping, model: nn.Module, use_ema: bool = Fal
     mis_shaped = [f'{k} {tuple(state[k].shape)} vs model {tuple(own[k].shape)}'
                   for k in state if k in own and state[k].shape != own[k].shape]
     if missing or unexpected or mis_shaped:
-        problems = [_describe(keys, what) for keys, what in (
+        problems = [describe_keys(keys, what) for keys, what in (
             (missing, 'backbone keys missing from the checkpoint'),
             (unexpected, 'unexpected keys in the checkpoint'),
             (mis_shaped, 'mis-shaped tensors')) if keys]
