@@ -13,10 +13,15 @@ and resumed at any point, and two run at a time on two cores. Before the runs, e
 are generated and its guarantees stored: the exemplar's share of the stage-1 tokens, the
 closest object to the band, the control's receptive field and the chance mIoU.
 
-The report (``OUT/longrange_graded.{json,md,png}``) is a function of the plan, the level facts
-and the run files alone: an invocation with every run done runs nothing and rewrites it
-identically. Statistics: nala_mm.analysis.success_rates. Full plan: about 180 runs of ~2
-minutes, two at a time: about 3 hours here.
+The diagnosis' hypothesis (``hypothesis.md`` beside the plan, committed before its runs once
+the diagnosis has formed it) adds its controlled runs: the changed mixer at the base mixer's
+seeds, run after the plan's and reported against them.
+
+The report (``OUT/longrange_graded.{json,md,png}``) is a function of the plan, the hypothesis,
+the level facts and the run files alone: an invocation with every run done runs nothing and
+rewrites it identically. Statistics: nala_mm.analysis.success_rates. Cost here: a run takes
+about 3.5 minutes on one thread, so the plan's 160 runs take about 4.5 hours two at a time,
+and a hypothesis' 20 controlled runs 35 minutes more.
 
     python -m benchmarks.studies.longrange_graded                 # what is not done yet
     python -m benchmarks.studies.longrange_graded --max-runs 20   # then stop (commit, resume)
@@ -50,20 +55,68 @@ PLAN = osp.join(STUDY_RESULTS, NAME, 'plan.md')
 WORKERS = 2  # processes at a time: one per core, one thread each
 STATS_IMAGES = 8  # validation images whose object rows give a run's exemplar mass
 STAGE_1 = 'layers.0.blocks.0.attn'  # the one mixer the task's decoder reads
+HYPOTHESIS_FILE = 'hypothesis.md'
 
 
 # ------------------------------------------------------------------------------ the plan
-def read_plan(path: str = PLAN) -> dict:
-    """The plan's machine-readable block (its one ```json fence)."""
+def json_block(path: str) -> dict:
+    """A committed markdown file's machine-readable block (its one ```json fence)."""
     with open(path) as f:
         blocks = re.findall(r'```json\n(.*?)\n```', f.read(), re.S)
     if len(blocks) != 1:
         raise ValueError(f'{path}: expected exactly one ```json block, found {len(blocks)}')
-    plan = json.loads(blocks[0])
+    return json.loads(blocks[0])
+
+
+def read_plan(path: str = PLAN) -> dict:
+    """The pre-registered plan's block."""
+    plan = json_block(path)
     unknown = [m for m in [*plan['rates'], *plan['level_mixers']] if m not in PRESETS]
     if unknown:
         raise ValueError(f'{path}: unknown mixers {unknown}; expected names of {list(PRESETS)}')
     return plan
+
+
+def hypothesis_path(plan_path: str) -> str:
+    """The diagnosis' hypothesis lives beside the plan it follows from."""
+    return osp.join(osp.dirname(plan_path), HYPOTHESIS_FILE)
+
+
+def read_hypothesis(plan_path: str, plan: dict) -> Optional[dict]:
+    """The diagnosis' hypothesis (``hypothesis.md`` beside the plan, committed before its
+    runs), or None before one is formed. Its block names the controlled change as a mixer
+    (``name``, ``label``, ``mixer``: the full config), the plan's mixer it changes (``base``)
+    and the seeds both run (``seeds``: 0 to seeds - 1, at the task's band)."""
+    path = hypothesis_path(plan_path)
+    if not osp.exists(path):
+        return None
+    hypothesis = json_block(path)
+    missing = {'name', 'label', 'mixer', 'base', 'seeds', 'statement'} - set(hypothesis)
+    if missing:
+        raise ValueError(f'{path}: missing keys {sorted(missing)}')
+    if hypothesis['name'] in PRESETS:
+        raise ValueError(f"{path}: name {hypothesis['name']!r} is a preset's; the controlled "
+                         'change needs a name of its own')
+    base_seeds = plan['rates'].get(hypothesis['base'], 0)
+    if not 0 < hypothesis['seeds'] <= base_seeds:
+        raise ValueError(f"{path}: seeds={hypothesis['seeds']}; expected 1 to the plan's "
+                         f"{base_seeds} seeds of base {hypothesis['base']!r}, the runs it is "
+                         'compared with')
+    return hypothesis
+
+
+def mixer_config(name: str, hypothesis: Optional[dict]) -> dict:
+    """A run's mixer: a preset's, or the hypothesis' controlled change."""
+    if hypothesis is not None and name == hypothesis['name']:
+        return hypothesis['mixer']
+    return PRESETS[name].mixer
+
+
+def mixer_labels(hypothesis: Optional[dict]) -> Dict[str, str]:
+    labels = {m: PRESETS[m].label for m in PRESETS}
+    if hypothesis is not None:
+        labels[hypothesis['name']] = hypothesis['label']
+    return labels
 
 
 def plan_commit(path: str) -> str:
@@ -98,17 +151,27 @@ class Run:
 
 
 def planned_runs(plan: dict) -> List[Run]:
-    """Every run of the plan, seeds outermost (a sweep stopped early holds every mixer at its
-    first seeds): the success-rate runs at the committed band, then the other bands'."""
+    """Every run of the plan, seeds outermost across the bands (a sweep stopped early holds
+    every mixer at every band at its first seeds, so a partial sweep already shows the
+    difficulty axis); within a seed, the committed band's mixers first. Level runs at the
+    committed band are the success-rate runs."""
     task_band, *other_bands = plan['levels_px']
-    runs = [Run(m, s, task_band) for s in range(max(plan['rates'].values()))
-            for m, seeds in plan['rates'].items() if s < seeds]
-    runs += [Run(m, s, band) for band in other_bands for s in range(plan['level_seeds'])
-             for m in plan['level_mixers']]
-    wanted = set(runs)
-    runs += [Run(m, s, task_band) for s in range(plan['level_seeds'])
-             for m in plan['level_mixers'] if Run(m, s, task_band) not in wanted]
+    runs: List[Run] = []
+    for seed in range(max(plan['level_seeds'], *plan['rates'].values())):
+        runs += [Run(m, seed, task_band) for m, seeds in plan['rates'].items() if seed < seeds]
+        if seed < plan['level_seeds']:
+            runs += [Run(m, seed, task_band) for m in plan['level_mixers']
+                     if seed >= plan['rates'].get(m, 0)]
+            runs += [Run(m, seed, band) for band in other_bands for m in plan['level_mixers']]
     return runs
+
+
+def controlled_runs(plan: dict, hypothesis: Optional[dict]) -> List[Run]:
+    """The hypothesis' runs: its changed mixer at the base's first ``seeds`` seeds."""
+    if hypothesis is None:
+        return []
+    return [Run(hypothesis['name'], seed, plan['levels_px'][0])
+            for seed in range(hypothesis['seeds'])]
 
 
 def data_root(band: int) -> str:
@@ -187,12 +250,13 @@ def mixer_series(records: List[dict]) -> List[dict]:
             for r in records if any(k.startswith(prefix) for k in r)]
 
 
-def run_one(run: Run, plan: dict, threshold: float, work_root: str) -> dict:
+def run_one(run: Run, plan: dict, threshold: float, work_root: str,
+            hypothesis: Optional[dict] = None) -> dict:
     """Train one run, validate it along the way, measure its exemplar mass."""
     from nala_mm.datasets.longrange import EXEMPLAR_PX
     root = data_root(run.band)
-    text = mixer_sweep_config(CONFIG_PATH, PRESETS[run.mixer].mixer, run.seed, plan['iters'],
-                              log_every=25) + (
+    text = mixer_sweep_config(CONFIG_PATH, mixer_config(run.mixer, hypothesis), run.seed,
+                              plan['iters'], log_every=25) + (
         f"train_cfg = dict(type='IterBasedTrainLoop', max_iters=max_iters, "
         f"val_interval={plan['val_interval']})\n"
         f"train_dataloader = dict(dataset=dict(data_root={root!r}))\n"
@@ -243,9 +307,10 @@ def worker(args: argparse.Namespace) -> None:
     torch.set_num_threads(THREADS)
     run = Run(**json.loads(args.run))
     plan = read_plan(args.plan)
+    hypothesis = read_hypothesis(args.plan, plan)
     os.chdir(REPO)  # data roots are relative to the repository
     with tempfile.TemporaryDirectory(prefix='nala_graded_') as work_root:
-        result = run_one(run, plan, success_threshold(plan), work_root)
+        result = run_one(run, plan, success_threshold(plan), work_root, hypothesis)
     if 'error' in result:
         raise SystemExit(f"{run.name}: {result['error']}")
     path = run_path(args.out, run)
@@ -265,13 +330,10 @@ def launch(run: Run, args: argparse.Namespace) -> Optional[str]:
 
 
 # ------------------------------------------------------------------------------ the report
-def load_runs(out: str, plan: dict) -> List[dict]:
-    """The plan's finished runs, in the plan's order."""
-    runs = []
-    for run in planned_runs(plan):
-        if osp.exists(run_path(out, run)):
-            runs.append(report.read_json(run_path(out, run)))
-    return runs
+def load_runs(out: str, runs: List[Run]) -> List[dict]:
+    """The finished ones of ``runs``, in their order."""
+    return [report.read_json(run_path(out, run)) for run in runs
+            if osp.exists(run_path(out, run))]
 
 
 def rate_row(runs: List[dict]) -> dict:
@@ -346,14 +408,14 @@ DIAGNOSIS_STATS = {  # name: (mixer_stats or loss key, iterations it averages ov
     'negative share, early': ('negative', 'early'), 'negative share, final': ('negative', 'last')}
 
 
-def diagnosis(plan: dict, runs: List[dict]) -> dict:
-    """The plan's exploratory diagnosis: the primary mixers' runs at the task's band, each
-    summarised from its training series (the loss and the stage-1 mixer's MixerStatsHook
-    scalars: mean over the first ``EARLY_ITERS`` iterations, or over the last four logged
-    steps), then the median per mixer and outcome; the paper's NaLa's misses against its
-    successes, and against the fixed-exponent variant at the same seeds (per run)."""
-    chosen = [r for r in runs if r['mixer'] in plan['primary']
-              and r['band'] == plan['levels_px'][0]]
+def diagnosis(plan: dict, runs: List[dict], mixers: List[str]) -> dict:
+    """The plan's exploratory diagnosis: the runs of ``mixers`` (the primary ones, and the
+    hypothesis' change once it has run) at the task's band, each summarised from its training
+    series (the loss and the stage-1 mixer's MixerStatsHook scalars: mean over the first
+    ``EARLY_ITERS`` iterations, or over the last four logged steps), then the median per mixer
+    and outcome; the paper's NaLa's misses against its successes, and against the other mixers
+    at the same seeds (per run)."""
+    chosen = [r for r in runs if r['mixer'] in mixers and r['band'] == plan['levels_px'][0]]
 
     def summary(run: dict) -> dict:
         row = dict(mixer=run['mixer'], seed=run['seed'], success=run['success'])
@@ -364,7 +426,7 @@ def diagnosis(plan: dict, runs: List[dict]) -> dict:
         return row
     rows = [summary(r) for r in chosen]
     groups = []
-    for mixer in plan['primary']:
+    for mixer in mixers:
         for success in (True, False):
             members = [r for r in rows if r['mixer'] == mixer and r['success'] == success]
             if members:
@@ -375,6 +437,25 @@ def diagnosis(plan: dict, runs: List[dict]) -> dict:
     return dict(runs=rows, groups=groups)
 
 
+def controlled_test(hypothesis: dict, runs: List[dict], changed: List[dict]) -> dict:
+    """The hypothesis' change against its base at the seeds both have run (not part of the
+    pre-registered family): success counts, Barnard's exact p, the successes' object mIoU and
+    each seed's pair."""
+    from nala_mm.analysis.success_rates import barnard_p
+    base = {r['seed']: r for r in runs if r['mixer'] == hypothesis['base']
+            and r['band'] == changed[0]['band']} if changed else {}
+    pairs = [(base[r['seed']], r) for r in changed if r['seed'] in base]
+    if not pairs:
+        return dict(pairs=[], p=None)
+    rows = {side: rate_row([pair[i] for pair in pairs])
+            for i, side in enumerate(('base', 'changed'))}
+    return dict(rows, p=barnard_p(rows['base']['successes'], len(pairs),
+                                  rows['changed']['successes'], len(pairs)),
+                pairs=[dict(seed=b['seed'], base=b['object_mIoU'], changed=c['object_mIoU'],
+                            base_success=b['success'], changed_success=c['success'])
+                       for b, c in pairs])
+
+
 def fmt_p(value: Optional[float]) -> str:
     return '-' if value is None else (f'{value:.4f}' if value >= 1e-4 else f'{value:.1e}')
 
@@ -382,7 +463,7 @@ def fmt_p(value: Optional[float]) -> str:
 def write_outputs(saved: dict, stem: str) -> None:
     report.write_json(stem + '.json', saved)
     graded, plan = saved['graded'], saved['plan']
-    labels = {m: PRESETS[m].label for m in PRESETS}
+    labels = mixer_labels(saved.get('hypothesis'))
     task_band = plan['levels_px'][0]
     done = len(saved['runs'])
     lines = ['# The long-range claim, graded', '',
@@ -454,8 +535,38 @@ def write_outputs(saved: dict, stem: str) -> None:
           'yes' if r['success'] else 'no', report.fmt(r['crossing_iter'], 0),
           report.fmt(r['exemplar_mass_match'] and 100 * r['exemplar_mass_match'], 1),
           f"{r['sec_per_iter']:.3f}"] for r in saved['runs']])
+    if 'hypothesis' in saved:
+        lines[lines.index('## Runs'):lines.index('## Runs')] = hypothesis_lines(
+            saved['hypothesis'], labels) + ['']
     report.write_markdown(stem + '.md', lines)
     plot(saved, stem + '.png')
+
+
+def hypothesis_lines(hypothesis: dict, labels: Dict[str, str]) -> List[str]:
+    """The report's section on the hypothesis and its controlled change."""
+    test = hypothesis['test']
+    lines = ['## The hypothesis, tested with a controlled change', '',
+             f"`{hypothesis['path']}` at commit {hypothesis['commit']}: "
+             f"{hypothesis['statement']}", '',
+             f"{labels[hypothesis['base']]} against {labels[hypothesis['name']]} "
+             f"(`{json.dumps(hypothesis['mixer'])}`) at the same seeds, "
+             f"{len(test['pairs'])} of {hypothesis['seeds']} run; Barnard's exact test, "
+             f"two-sided, outside the pre-registered family: p = {fmt_p(test['p'])}.", '']
+    if test['pairs']:
+        lines += report.markdown_table(
+            ['mixer', 'successes / runs', 'rate [Wilson 95 %]', 'object mIoU of the successes',
+             'crossing iteration (median)', 'exemplar mass, matching objects'],
+            [[labels[hypothesis[side]], f"{r['successes']}/{r['runs']}",
+              f"{r['rate']:.2f} [{r['low']:.2f}, {r['high']:.2f}]",
+              report.fmt(r['success_object_mIoU'], 2), report.fmt(r['crossing_median'], 0),
+              report.fmt(r['exemplar_mass'] and 100 * r['exemplar_mass'], 1) + ' %']
+             for side, r in (('base', test['base']), ('name', test['changed']))])
+        lines += ['', 'Per seed, object mIoU (a miss in bold):', '']
+        lines += report.markdown_table(
+            ['seed', hypothesis['base'], hypothesis['name']],
+            [[p['seed']] + [f"{p[side]:.2f}" if p[side + '_success'] else f"**{p[side]:.2f}**"
+                            for side in ('base', 'changed')] for p in test['pairs']])
+    return lines
 
 
 def plot(saved: dict, path: str) -> None:
@@ -489,14 +600,24 @@ def plot(saved: dict, path: str) -> None:
     report.save_figure(fig, path)
 
 
+def shown_path(path: str) -> str:
+    inside = osp.relpath(path, REPO)
+    return path if inside.startswith('..') else inside
+
+
 def write_report(args: argparse.Namespace, plan: dict, levels: Dict[str, dict]) -> str:
-    runs = load_runs(args.out, plan)
-    inside = osp.relpath(args.plan, REPO)
-    saved = dict(plan=plan, plan_path=args.plan if inside.startswith('..') else inside,
-                 plan_commit=plan_commit(args.plan),
+    hypothesis = read_hypothesis(args.plan, plan)
+    runs = load_runs(args.out, planned_runs(plan))
+    changed = load_runs(args.out, controlled_runs(plan, hypothesis))
+    diagnosed = plan['primary'] + ([hypothesis['name']] if hypothesis else [])
+    saved = dict(plan=plan, plan_path=shown_path(args.plan), plan_commit=plan_commit(args.plan),
                  threshold=success_threshold(plan), planned=len(planned_runs(plan)),
                  levels=levels, runs=runs, graded=grade(plan, runs, levels),
-                 diagnosis=diagnosis(plan, runs))
+                 diagnosis=diagnosis(plan, runs + changed, diagnosed))
+    if hypothesis:
+        path = hypothesis_path(args.plan)
+        saved['hypothesis'] = dict(hypothesis, path=shown_path(path), commit=plan_commit(path),
+                                   runs=changed, test=controlled_test(hypothesis, runs, changed))
     stem = osp.join(args.out, NAME)
     write_outputs(saved, stem)
     return stem + '.md'
@@ -534,7 +655,8 @@ def main() -> None:
             generate_longrange(data_root(band), exemplar_px=band)
     os.makedirs(osp.dirname(levels_path), exist_ok=True)
     report.write_json(levels_path, levels)
-    pending = [r for r in planned_runs(plan) if not osp.exists(run_path(args.out, r))]
+    pending = [r for r in planned_runs(plan) + controlled_runs(plan, read_hypothesis(
+        args.plan, plan)) if not osp.exists(run_path(args.out, r))]
     pending = pending[:args.max_runs] if args.max_runs is not None else pending
     from tqdm import tqdm
     failures = []

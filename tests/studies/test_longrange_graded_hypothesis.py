@@ -1,0 +1,110 @@
+"""The graded sweep's hypothesis (benchmarks.studies.longrange_graded): a controlled change,
+committed beside the plan, is validated when read, adds its runs after the plan's, and is
+reported against its base mixer at the seeds both have run. The report is built from run files
+written here in the sweep's format (what the study's tests in make test-extended produce by
+training)."""
+import json
+
+import pytest
+
+from benchmarks.lib.report import write_json
+from benchmarks.studies import longrange_graded as graded
+
+PLAN = {"success": {"metric": "object_mIoU",
+                    "threshold_from": "benchmarks/results/studies/longrange.json",
+                    "rule": "midpoint"},
+        "iters": 50, "val_interval": 25, "rates": {"nala-cosine": 6, "softmax": 2},
+        "primary": ["nala-cosine", "softmax"], "secondary": [], "alpha": 0.05,
+        "levels_px": [32, 12], "level_seeds": 1, "level_mixers": ["softmax"]}
+CHANGE = {"name": "nala-cosine-low-ceiling", "label": "NaLa, cosine kernel, ceiling 3",
+          "statement": "the exponent's ceiling decides the misses.",
+          "mixer": {"type": "NormAwareLinearAttention", "kernel": "cosine", "lam": 2.0},
+          "base": "nala-cosine", "seeds": 5}
+LEVEL = dict(exemplar_token_share=0.2, closest_object_px=36, conv_reach_px=32,
+             chance_mIoU=55.5, out_of_reach=True)
+
+
+def write_file(path, payload: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json(str(path), payload)
+
+
+def write_md(path, block: dict) -> None:
+    path.write_text('# committed\n\n```json\n' + json.dumps(block) + '\n```\n')
+
+
+def run_file(out, mixer: str, seed: int, object_miou: float, band: int = 32) -> None:
+    """A finished run as the sweep's worker writes it (the fields the report reads)."""
+    success = object_miou > 65.44
+    write_file(out / 'longrange_graded' / 'runs' / f'band{band}' / mixer /
+               f'seed{seed:02d}.json',
+               dict(mixer=mixer, seed=seed, band=band, iters=50, object_mIoU=object_miou,
+                    success=success, crossing_iter=50 if success else None, sec_per_iter=0.1,
+                    exemplar_mass_match=0.5, loss=[dict(iter=25, loss=0.5)],
+                    mixer_stats=[dict(iter=25, grad_norm=0.01, exponent=4.0, saturated=0.5,
+                                      negative=0.1)]))
+
+
+@pytest.fixture
+def study(tmp_path):
+    plan, out = tmp_path / 'plan.md', tmp_path / 'out'
+    write_md(plan, PLAN)
+    write_file(out / 'longrange_graded' / 'levels.json', {'32': dict(LEVEL, band=32),
+                                                          '12': dict(LEVEL, band=12)})
+    return plan, out
+
+
+def test_without_a_hypothesis_the_plan_alone_runs(study):
+    plan, _ = study
+    assert graded.read_hypothesis(str(plan), PLAN) is None
+    assert graded.controlled_runs(PLAN, None) == []
+
+
+def test_the_controlled_runs_follow_the_base_seeds(study):
+    plan, _ = study
+    write_md(plan.parent / 'hypothesis.md', CHANGE)
+    hypothesis = graded.read_hypothesis(str(plan), PLAN)
+    assert [r.name for r in graded.controlled_runs(PLAN, hypothesis)] == [
+        f'band32/nala-cosine-low-ceiling/seed0{s}' for s in range(5)]
+    assert graded.mixer_config('nala-cosine-low-ceiling', hypothesis) == CHANGE['mixer']
+    assert graded.mixer_config('softmax', hypothesis) == graded.PRESETS['softmax'].mixer
+
+
+@pytest.mark.parametrize('change,message', [
+    (dict(seeds=7), "seeds=7; expected 1 to the plan's 6 seeds of base 'nala-cosine'"),
+    (dict(base='linear-elu'), "seeds=5; expected 1 to the plan's 0 seeds of base 'linear-elu'"),
+    (dict(name='softmax'), "name 'softmax' is a preset's"),
+    (dict(statement=None), "missing keys \\['statement'\\]"),
+])
+def test_a_bad_hypothesis_names_what_is_wrong(study, change, message):
+    plan, _ = study
+    block = {k: v for k, v in dict(CHANGE, **change).items() if v is not None}
+    write_md(plan.parent / 'hypothesis.md', block)
+    with pytest.raises(ValueError, match=message):
+        graded.read_hypothesis(str(plan), PLAN)
+
+
+def test_the_report_pairs_the_change_with_its_base_seed_by_seed(study, monkeypatch):
+    plan, out = study
+    write_md(plan.parent / 'hypothesis.md', CHANGE)
+    base = [96.0, 40.0, 95.0, 41.0, 97.0, 94.0]  # misses at seeds 1 and 3
+    for seed, value in enumerate(base):
+        run_file(out, 'nala-cosine', seed, value)
+    for seed, value in enumerate([95.0, 93.0, 35.0, 92.0]):  # seed 4 not run yet
+        run_file(out, 'nala-cosine-low-ceiling', seed, value)
+    args = graded.argparse.Namespace(plan=str(plan), out=str(out))
+    page = open(graded.write_report(args, PLAN, json.loads(
+        (out / 'longrange_graded' / 'levels.json').read_text()))).read()
+    saved = json.loads((out / 'longrange_graded.json').read_text())
+    test = saved['hypothesis']['test']
+    assert [p['seed'] for p in test['pairs']] == [0, 1, 2, 3]  # seed 5: beyond the change
+    assert (test['base']['successes'], test['changed']['successes']) == (2, 3)
+    assert test['base']['runs'] == test['changed']['runs'] == 4
+    assert test['changed']['success_object_mIoU'] == pytest.approx((95 + 93 + 92) / 3)
+    assert 0.5 < test['p'] <= 1.0  # 2/4 against 3/4: nothing to see
+    assert saved['planned'] == 9  # the plan's 8 runs at band 32 + 1 at band 12
+    assert '4 of 5 run' in page and '| 1 | **40.00** | 93.00 |' in page
+    assert "NaLa, cosine kernel, ceiling 3" in page
+    assert (out / 'longrange_graded.png').stat().st_size > 10_000  # the difficulty plot
+    groups = {(g['mixer'], g['success']) for g in saved['diagnosis']['groups']}
+    assert ('nala-cosine-low-ceiling', False) in groups  # the diagnosis reads the change too
