@@ -56,6 +56,7 @@ WORKERS = 2  # processes at a time: one per core, one thread each
 STATS_IMAGES = 8  # validation images whose object rows give a run's exemplar mass
 STAGE_1 = 'layers.0.blocks.0.attn'  # the one mixer the task's decoder reads
 HYPOTHESIS_FILE = 'hypothesis.md'
+PLANNED_CHANGE = dict(seeds=20)  # the plan's controlled change: at nala-cosine's 20 seeds
 
 
 # ------------------------------------------------------------------------------ the plan
@@ -471,7 +472,12 @@ def write_outputs(saved: dict, stem: str) -> None:
              f"{saved['plan_commit']}. {done} of {saved['planned']} planned runs done. A run "
              f"succeeds when its object mIoU after {plan['iters']} iterations is above "
              f"{saved['threshold']:.2f} (the calibration's midpoint); validated every "
-             f"{plan['val_interval']} iterations.", '',
+             f"{plan['val_interval']} iterations."] + ([
+                 f"A run takes {saved['cost']['run_minutes']:.1f} minutes on one thread here "
+                 f"(median so far): the plan's runs take {saved['cost']['plan_hours']:.1f} hours "
+                 f"{WORKERS} at a time, the diagnosis' controlled change "
+                 f"{saved['cost']['controlled_minutes']:.0f} minutes more."]
+                 if 'cost' in saved else []) + ['',
              f'## Success rates (band {task_band} px: the task as committed)', '']
     lines += report.markdown_table(
         ['mixer', 'runs', 'successes', 'rate [Wilson 95 %]', 'object mIoU of the successes',
@@ -614,6 +620,12 @@ def write_report(args: argparse.Namespace, plan: dict, levels: Dict[str, dict]) 
                  threshold=success_threshold(plan), planned=len(planned_runs(plan)),
                  levels=levels, runs=runs, graded=grade(plan, runs, levels),
                  diagnosis=diagnosis(plan, runs + changed, diagnosed))
+    if runs:  # the cost stated up front, from the runs so far
+        seconds = median(r['wall_seconds'] for r in runs)  # runs beside other work: outliers
+        saved['cost'] = dict(run_minutes=seconds / 60,
+                             plan_hours=saved['planned'] * seconds / WORKERS / 3600,
+                             controlled_minutes=(hypothesis or PLANNED_CHANGE)['seeds'] *
+                             seconds / WORKERS / 60)
     if hypothesis:
         path = hypothesis_path(args.plan)
         saved['hypothesis'] = dict(hypothesis, path=shown_path(path), commit=plan_commit(path),
