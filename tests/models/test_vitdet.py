@@ -150,6 +150,24 @@ def test_simple_fpn_gives_five_maps_at_strides_4_to_64(device):
         neck((torch.randn(1, 384, 16, 16, device=device),))
 
 
+def test_simple_fpn_takes_a_patch_8_map_to_the_same_strides():
+    """scale_factors (2, 1, 1/2, 1/4): a patch-8 ViT's stride-8 map gives strides 4 to 64, so
+    the RPN's anchors and the RoI extractors keep mmdet's strides; the stride-4 branch is one
+    transposed convolution at half the channels, stride 32 a 4x4 max-pool."""
+    init_default_scope('mmdet')
+    neck = DET_MODELS.build(dict(type='SimpleFPN', in_channels=64, out_channels=32,
+                                 scale_factors=(2, 1, 0.5, 0.25)))
+    x = torch.randn(1, 64, 24, 24)  # the stride-8 map of a 192 x 192 image
+    outs = neck((x,))
+    assert [tuple(o.shape) for o in outs] == [(1, 32, 192 // s, 192 // s)
+                                              for s in (4, 8, 16, 32, 64)]
+    assert neck.lateral[0].conv.in_channels == 32 and neck.lateral[3].conv.in_channels == 64
+    pooled = neck.output[3](neck.lateral[3](x.reshape(1, 64, 6, 4, 6, 4).amax((3, 5))))
+    torch.testing.assert_close(outs[3], pooled)
+    with pytest.raises(ValueError, match=r'scale_factors must be one of .* got \(8, 4, 2, 1\)'):
+        SimpleFPN(64, scale_factors=(8, 4, 2, 1))
+
+
 class TinyDetector(nn.Module):
     """backbone (a 2-layer NaLa ViT) + a neck, as mmdet names them."""
 
