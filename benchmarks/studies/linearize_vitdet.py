@@ -6,14 +6,10 @@ Both are evaluated zero-shot (no labelled fine-tuning): bbox mAP on the validati
 seed (the seed sets the transfer's data order). The teacher keeps its windows
 (``--teacher-config``). Every run is its own process.
 
-The model: ViTDet's parts at a 2-core CPU's size: patch 8 on 192x192 images (a 24x24 grid;
-at patch 16 the 20 px objects span about one patch and a teacher trained for 2000 iterations
-stayed at 0.01 bbox mAP), six blocks in ViTDet's pattern (two windowed blocks of 6x6 windows,
-then a global one, twice), SimpleFPN with the patch-8 scale factors (strides 4-64 as mmdet's
-heads expect) and Mask R-CNN at 64 channels, 128 RoIs sampled per image (mmdet's 512 made the
-4-convolution box head most of the step's time); trained from scratch with LSJ at 192x192
-(resize 0.8 to 1.25, crop), AdamW without layer decay (a from-scratch run, not a fine-tuning
-one).
+The model: ViTDet's parts at a 2-core CPU's size: patch 16 on 192x192 images (a 12x12 grid),
+six blocks in ViTDet's pattern (two windowed blocks of 4x4 windows, then a global one, twice),
+SimpleFPN and Mask R-CNN at 64 channels; trained from scratch with LSJ at 192x192 (resize 0.8 to
+1.25, crop), AdamW without layer decay (a from-scratch run, not a fine-tuning one).
 Results: benchmarks/results/studies/linearize_vitdet.{json,md,png}; discussed in docs/vitdet.md.
 
     python -m benchmarks.studies.linearize_vitdet        # make linearize-vitdet
@@ -37,10 +33,9 @@ SWAP = osp.join(REPO, 'configs', 'swap', 'coco_vitdet-b_mask-rcnn_lsj-100e')
 DATA_ROOT = 'data/demo/coco/'  # the det demo's generated set (nala_mm.datasets.demo det)
 METRIC = 'coco/bbox_mAP'
 SIDE = (192, 192)
-PATCH = 8  # a 24x24 grid: the generated objects (20 px and up) span patches
-WINDOW = dict(type='WindowSoftmaxAttention', window_size=6)
+WINDOW = dict(type='WindowSoftmaxAttention', window_size=4)
 LAYOUTS = {'stock': ([WINDOW] * 2 + ['sdpa']) * 2, 'nala': ['nala'] * 6}
-DEFAULTS = dict(pretrain_iters=1500, transfer_iters=800, lr=5e-4)
+DEFAULTS = dict(pretrain_iters=2000, transfer_iters=800, lr=5e-4)
 STARTS = {'plain': 'plain swap', 'transfer': 'swap + attention transfer'}
 
 CONFIG = """_base_ = [{base!r}]
@@ -50,12 +45,10 @@ metainfo = dict(classes=('disc', 'square', 'triangle', 'star'))
 model = dict(
     data_preprocessor=dict(batch_augments=[dict(type='BatchFixedSizePad', size=side,
                                                 pad_mask=True)]),
-    backbone=dict(img_size=side, patch_size={patch}, embed_dims=96, num_layers=6, num_heads=3,
-                  mlp_ratio=4, out_indices=(5,), drop_path_rate=0.1, init_cfg=None,
-                  mixers={mixers!r}),
-    neck=dict(in_channels=96, out_channels=64, scale_factors=(2, 1, 0.5, 0.25)),
+    backbone=dict(img_size=side, embed_dims=96, num_layers=6, num_heads=3, mlp_ratio=4,
+                  out_indices=(5,), drop_path_rate=0.1, init_cfg=None, mixers={mixers!r}),
+    neck=dict(in_channels=96, out_channels=64),
     rpn_head=dict(in_channels=64, feat_channels=64),
-    train_cfg=dict(rcnn=dict(sampler=dict(num=128))),
     roi_head=dict(
         bbox_roi_extractor=dict(out_channels=64),
         bbox_head=dict(in_channels=64, conv_out_channels=64, fc_out_channels=256, num_classes=4),
@@ -98,9 +91,8 @@ def config_text(layout: str, seed: int, iters: int, lr: float, val_every=None) -
     iterations (warm-up over the first tenth, then poly decay), evaluated every ``val_every``
     (default: once at the end)."""
     suffix = '' if layout == 'stock' else '_nala-all'
-    return CONFIG.format(base=SWAP + suffix + '.py', side=SIDE, patch=PATCH,
-                         data_root=DATA_ROOT, mixers=LAYOUTS[layout], lr=lr) + \
-        schedule(seed, iters, val_every=val_every)
+    return CONFIG.format(base=SWAP + suffix + '.py', side=SIDE, data_root=DATA_ROOT,
+                         mixers=LAYOUTS[layout], lr=lr) + schedule(seed, iters, val_every=val_every)
 
 
 def run(args) -> dict:
@@ -112,7 +104,7 @@ def run(args) -> dict:
     DEMO_TASKS['det'].generate(osp.join(REPO, DATA_ROOT))
     saved = dict(commit=code_version(), seeds=args.seeds, spec=dict(
         pretrain_iters=args.pretrain_iters, transfer_iters=args.transfer_iters, lr=args.lr,
-        side=list(SIDE), patch=PATCH, layouts=LAYOUTS), runs=[])
+        side=list(SIDE), layouts=LAYOUTS), runs=[])
     started = time.perf_counter()
     teacher = train_config(config_text('stock', 0, args.pretrain_iters, args.lr,
                                        val_every=args.pretrain_iters // 4), 'teacher', root)
@@ -167,10 +159,7 @@ def write_outputs(saved: dict, out: str) -> None:
     spec, summary = saved['spec'], saved['summary']
     lines = ['# Linearizing a tiny ViTDet: zero-shot bbox mAP of the plain swap and of '
              'attention transfer', '',
-             f"Teacher: the stock layout (patch {spec['patch']}, windows of "
-             f"{spec['layouts']['stock'][0]['window_size']} on the "
-             f"{spec['side'][0] // spec['patch']}x{spec['side'][1] // spec['patch']} grid, "
-             "two global SDPA "
+             f"Teacher: the stock layout (windows of 4 on the 12x12 grid, two global SDPA "
              f"blocks), trained {spec['pretrain_iters']} iterations from scratch on the "
              f"generated COCO data at {spec['side'][0]}x{spec['side'][1]}: bbox mAP "
              f"{saved['teacher']['bbox_mAP']:.3f} (at each quarter of training: "
