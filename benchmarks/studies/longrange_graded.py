@@ -56,6 +56,8 @@ WORKERS = 2  # processes at a time: one per core, one thread each
 STATS_IMAGES = 8  # validation images whose object rows give a run's exemplar mass
 STAGE_1 = 'layers.0.blocks.0.attn'  # the one mixer the task's decoder reads
 HYPOTHESIS_FILE = 'hypothesis.md'
+# MixerStatsHook's scalars reach scalars.json at the logger's steps: both every 25 iterations
+STATS_EVERY = 25
 PLANNED_CHANGE = dict(seeds=20)  # the plan's controlled change: at nala-cosine's 20 seeds
 
 
@@ -257,7 +259,7 @@ def run_one(run: Run, plan: dict, threshold: float, work_root: str,
     from nala_mm.datasets.longrange import EXEMPLAR_PX
     root = data_root(run.band)
     text = mixer_sweep_config(CONFIG_PATH, mixer_config(run.mixer, hypothesis), run.seed,
-                              plan['iters'], log_every=25) + (
+                              plan['iters'], log_every=STATS_EVERY) + (
         f"train_cfg = dict(type='IterBasedTrainLoop', max_iters=max_iters, "
         f"val_interval={plan['val_interval']})\n"
         f"train_dataloader = dict(dataset=dict(data_root={root!r}))\n"
@@ -265,7 +267,7 @@ def run_one(run: Run, plan: dict, threshold: float, work_root: str,
         'test_dataloader = val_dataloader\n'
         # the diagnosis' series: gradient, exponent, saturation, signs of the stage-1 mixer
         f"custom_hooks = [dict(type='RNGStateHook'), dict(type='MixerStatsHook', "
-        f"layers=['backbone.{STAGE_1}'], interval=25)]\n")
+        f"layers=['backbone.{STAGE_1}'], interval={STATS_EVERY})]\n")
     name = f'{run.mixer}_band{run.band}_seed{run.seed}'
     trained = train_config(text, name, work_root)
     if 'error' in trained:

@@ -40,6 +40,7 @@ def run_file(out, mixer: str, seed: int, object_miou: float, band: int = 32) -> 
                f'seed{seed:02d}.json',
                dict(mixer=mixer, seed=seed, band=band, iters=50, object_mIoU=object_miou,
                     success=success, crossing_iter=50 if success else None, sec_per_iter=0.1,
+                    wall_seconds=180.0 + (seed % 2) * 60,
                     exemplar_mass_match=0.5, loss=[dict(iter=25, loss=0.5)],
                     mixer_stats=[dict(iter=25, grad_norm=0.01, exponent=4.0, saturated=0.5,
                                       negative=0.1)]))
@@ -103,6 +104,10 @@ def test_the_report_pairs_the_change_with_its_base_seed_by_seed(study, monkeypat
     assert test['changed']['success_object_mIoU'] == pytest.approx((95 + 93 + 92) / 3)
     assert 0.5 < test['p'] <= 1.0  # 2/4 against 3/4: nothing to see
     assert saved['planned'] == 9  # the plan's 8 runs at band 32 + 1 at band 12
+    # the cost: the median run (180 s: seeds 0, 2, 4 of the six base runs, 240 s the others)
+    # for the plan's 9 runs and the change's 5, two at a time
+    assert saved['cost'] == pytest.approx(dict(run_minutes=3.5, plan_hours=9 * 210 / 2 / 3600,
+                                               controlled_minutes=5 * 210 / 2 / 60))
     assert '4 of 5 run' in page and '| 1 | **40.00** | 93.00 |' in page
     assert "NaLa, cosine kernel, ceiling 3" in page
     assert (out / 'longrange_graded.png').stat().st_size > 10_000  # the difficulty plot
