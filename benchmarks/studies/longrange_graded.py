@@ -512,6 +512,14 @@ def write_outputs(saved: dict, stem: str) -> None:
                          f"{report.fmt(r['exemplar_mass'] and 100 * r['exemplar_mass'], 1)} %")(
                             graded['rates'].get(f'{m}@{b}')) for b in plan['levels_px']]
          for m in plan['level_mixers']])
+    floor = [b for b in plan['levels_px'] if any(r['band'] == b for r in saved['runs'])
+             and not any(r['success'] for r in saved['runs'] if r['band'] == b)]
+    if floor:  # a level nothing passes measures the budget, not the mixers
+        lines += ['', f"No run at band {' and '.join(f'{b} px' for b in floor)} succeeded, "
+                      'softmax\'s included: there the level is at the floor of the task at '
+                      'this budget and cannot separate the mixers. The regression below includes '
+                      'those runs, so its interaction mostly contrasts the other levels with '
+                      'that floor.']
     model = graded['model']
     if model:
         lines += ['', f"Firth logistic regression over {model['runs']} runs, success on mixer x "
