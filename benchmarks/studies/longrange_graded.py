@@ -19,9 +19,8 @@ seeds, run after the plan's and reported against them.
 
 The report (``OUT/longrange_graded.{json,md,png}``) is a function of the plan, the hypothesis,
 the level facts and the run files alone: an invocation with every run done runs nothing and
-rewrites it identically. Statistics: nala_mm.analysis.success_rates. Cost here: a run takes
-about 3.5 minutes on one thread, so the plan's 160 runs take about 4.5 hours two at a time,
-and a hypothesis' 20 controlled runs 35 minutes more.
+rewrites it identically. Statistics: nala_mm.analysis.success_rates. The cost (minutes a run,
+hours for the plan, two at a time) is stated in the report, from the runs' own wall times.
 
     python -m benchmarks.studies.longrange_graded                 # what is not done yet
     python -m benchmarks.studies.longrange_graded --max-runs 20   # then stop (commit, resume)
