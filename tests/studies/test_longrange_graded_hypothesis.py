@@ -1,14 +1,17 @@
-"""The graded sweep's hypothesis (benchmarks.studies.longrange_graded): a controlled change,
-committed beside the plan, is validated when read, adds its runs after the plan's, and is
-reported against its base mixer at the seeds both have run. The report is built from run files
+"""The graded sweep's hypothesis (benchmarks.studies.longrange_graded, run as its command): a
+controlled change, committed beside the plan, is validated when read and reported against its
+base mixer at the seeds both have run. The report (``--report-only``) is built from run files
 written here in the sweep's format (what the study's tests in make test-extended produce by
 training)."""
 import json
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
-from benchmarks.lib.report import write_json
-from benchmarks.studies import longrange_graded as graded
+REPO = Path(__file__).resolve().parents[2]
 
 PLAN = {"success": {"metric": "object_mIoU",
                     "threshold_from": "benchmarks/results/studies/longrange.json",
@@ -26,7 +29,13 @@ LEVEL = dict(exemplar_token_share=0.2, closest_object_px=36, conv_reach_px=32,
 
 def write_file(path, payload: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_json(str(path), payload)
+    path.write_text(json.dumps(payload))
+
+
+def report(plan, out) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, '-m', 'benchmarks.studies.longrange_graded',
+                           '--plan', str(plan), '--out', str(out), '--report-only'], cwd=REPO,
+                          capture_output=True, text=True)
 
 
 def write_md(path, block: dict) -> None:
@@ -55,20 +64,13 @@ def study(tmp_path):
     return plan, out
 
 
-def test_without_a_hypothesis_the_plan_alone_runs(study):
-    plan, _ = study
-    assert graded.read_hypothesis(str(plan), PLAN) is None
-    assert graded.controlled_runs(PLAN, None) == []
-
-
-def test_the_controlled_runs_follow_the_base_seeds(study):
-    plan, _ = study
-    write_md(plan.parent / 'hypothesis.md', CHANGE)
-    hypothesis = graded.read_hypothesis(str(plan), PLAN)
-    assert [r.name for r in graded.controlled_runs(PLAN, hypothesis)] == [
-        f'band32/nala-cosine-low-ceiling/seed0{s}' for s in range(5)]
-    assert graded.mixer_config('nala-cosine-low-ceiling', hypothesis) == CHANGE['mixer']
-    assert graded.mixer_config('softmax', hypothesis) == graded.PRESETS['softmax'].mixer
+def test_without_a_hypothesis_the_report_has_no_such_section(study):
+    plan, out = study
+    run_file(out, 'nala-cosine', 0, 96.0)
+    proc = report(plan, out)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert '## The hypothesis' not in proc.stdout
+    assert 'hypothesis' not in json.loads((out / 'longrange_graded.json').read_text())
 
 
 @pytest.mark.parametrize('change,message', [
@@ -81,11 +83,13 @@ def test_a_bad_hypothesis_names_what_is_wrong(study, change, message):
     plan, _ = study
     block = {k: v for k, v in dict(CHANGE, **change).items() if v is not None}
     write_md(plan.parent / 'hypothesis.md', block)
-    with pytest.raises(ValueError, match=message):
-        graded.read_hypothesis(str(plan), PLAN)
+    run_file(study[1], 'nala-cosine', 0, 96.0)
+    proc = report(plan, study[1])
+    assert proc.returncode != 0
+    assert re.search(message, proc.stderr), proc.stderr[-2000:]
 
 
-def test_the_report_pairs_the_change_with_its_base_seed_by_seed(study, monkeypatch):
+def test_the_report_pairs_the_change_with_its_base_seed_by_seed(study):
     plan, out = study
     write_md(plan.parent / 'hypothesis.md', CHANGE)
     base = [96.0, 40.0, 95.0, 41.0, 97.0, 94.0]  # misses at seeds 1 and 3
@@ -94,9 +98,9 @@ def test_the_report_pairs_the_change_with_its_base_seed_by_seed(study, monkeypat
     for seed, value in enumerate([95.0, 93.0, 35.0, 92.0]):  # seed 4 not run yet
         run_file(out, 'nala-cosine-low-ceiling', seed, value)
     run_file(out, 'softmax', 0, 30.0, band=12)  # a level where nothing succeeds
-    args = graded.argparse.Namespace(plan=str(plan), out=str(out))
-    page = open(graded.write_report(args, PLAN, json.loads(
-        (out / 'longrange_graded' / 'levels.json').read_text()))).read()
+    proc = report(plan, out)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    page = (out / 'longrange_graded.md').read_text()
     saved = json.loads((out / 'longrange_graded.json').read_text())
     test = saved['hypothesis']['test']
     assert [p['seed'] for p in test['pairs']] == [0, 1, 2, 3]  # seed 5: beyond the change
