@@ -15,7 +15,10 @@ closest object to the band, the control's receptive field and the chance mIoU.
 
 The diagnosis' hypothesis (``hypothesis.md`` beside the plan, committed before its runs once
 the diagnosis has formed it) adds its controlled runs: the changed mixer at the base mixer's
-seeds, run after the plan's and reported against them.
+seeds, run after the plan's and reported against them. An amendment (``amendment.md`` beside
+the plan, committed with its reason before its runs) adds difficulty levels: the plan's axis
+mixers at the plan's level seeds, run last, shown on the axis marked as amended and fitted in a
+second regression beside the pre-registered one.
 
 The report (``OUT/longrange_graded.{json,md,png}``) is a function of the plan, the hypothesis,
 the level facts and the run files alone: an invocation with every run done runs nothing and
@@ -55,6 +58,7 @@ WORKERS = 2  # processes at a time: one per core, one thread each
 STATS_IMAGES = 8  # validation images whose object rows give a run's exemplar mass
 STAGE_1 = 'layers.0.blocks.0.attn'  # the one mixer the task's decoder reads
 HYPOTHESIS_FILE = 'hypothesis.md'
+AMENDMENT_FILE = 'amendment.md'
 # MixerStatsHook's scalars reach scalars.json at the logger's steps: both every 25 iterations
 STATS_EVERY = 25
 PLANNED_CHANGE = dict(seeds=20)  # the plan's controlled change: at nala-cosine's 20 seeds
@@ -105,6 +109,39 @@ def read_hypothesis(plan_path: str, plan: dict) -> Optional[dict]:
                          f"{base_seeds} seeds of base {hypothesis['base']!r}, the runs it is "
                          'compared with')
     return hypothesis
+
+
+def read_amendment(plan_path: str, plan: dict) -> Optional[dict]:
+    """The plan's amendment (``amendment.md`` beside it, committed before its runs), or None:
+    ``levels_px``, band thicknesses the plan does not hold, run with the plan's axis mixers at
+    its level seeds, and ``reason``, why they were added after the plan."""
+    from nala_mm.datasets.longrange import MIN_EXEMPLAR_PX
+    path = osp.join(osp.dirname(plan_path), AMENDMENT_FILE)
+    if not osp.exists(path):
+        return None
+    amendment = json_block(path)
+    missing = {'levels_px', 'reason'} - set(amendment)
+    if missing:
+        raise ValueError(f'{path}: missing keys {sorted(missing)}')
+    bands = amendment['levels_px']
+    if not bands or not all(isinstance(b, int) and b >= MIN_EXEMPLAR_PX for b in bands) or \
+            len(set(bands)) != len(bands):
+        raise ValueError(f'{path}: levels_px={bands!r}; expected distinct band thicknesses of '
+                         f'at least {MIN_EXEMPLAR_PX} px')
+    repeated = [b for b in bands if b in plan['levels_px']]
+    if repeated:
+        raise ValueError(f"{path}: levels_px {repeated} are already the plan's levels "
+                         f"{plan['levels_px']}")
+    if not isinstance(amendment['reason'], str) or not amendment['reason'].strip():
+        raise ValueError(f"{path}: reason={amendment['reason']!r}; expected why the levels "
+                         'were added after the plan')
+    return amendment
+
+
+def axis_bands(plan: dict, amendment: Optional[dict]) -> List[int]:
+    """Every level of the axis, the plan's and the amendment's, thickest first."""
+    return sorted(plan['levels_px'] + (amendment['levels_px'] if amendment else []),
+                  reverse=True)
 
 
 def mixer_config(name: str, hypothesis: Optional[dict]) -> dict:
@@ -174,6 +211,14 @@ def controlled_runs(plan: dict, hypothesis: Optional[dict]) -> List[Run]:
         return []
     return [Run(hypothesis['name'], seed, plan['levels_px'][0])
             for seed in range(hypothesis['seeds'])]
+
+
+def amended_runs(plan: dict, amendment: Optional[dict]) -> List[Run]:
+    """The amendment's runs: the plan's axis mixers at its level seeds, seeds outermost."""
+    if amendment is None:
+        return []
+    return [Run(m, seed, band) for seed in range(plan['level_seeds'])
+            for band in amendment['levels_px'] for m in plan['level_mixers']]
 
 
 def data_root(band: int) -> str:
@@ -352,13 +397,15 @@ def rate_row(runs: List[dict]) -> dict:
                 if any(r.get('exemplar_mass_match') is not None for r in runs) else None)
 
 
-def grade(plan: dict, runs: List[dict], levels: Dict[str, dict]) -> dict:
+def grade(plan: dict, runs: List[dict], levels: Dict[str, dict],
+          amendment: Optional[dict] = None) -> dict:
     """Rates per mixer and band, the pre-registered tests (on what has run) and the logistic
-    model of success on mixer x level."""
+    model of success on mixer x level: the plan's, and with an amendment's runs, a second one
+    over every level."""
     from nala_mm.analysis.success_rates import barnard_p, holm
     task_band = plan['levels_px'][0]
     rates = {}
-    for band in plan['levels_px']:
+    for band in axis_bands(plan, amendment):
         for mixer in dict.fromkeys(r['mixer'] for r in runs):
             chosen = [r for r in runs if r['band'] == band and r['mixer'] == mixer]
             if chosen:
@@ -375,8 +422,11 @@ def grade(plan: dict, runs: List[dict], levels: Dict[str, dict]) -> dict:
     secondary = [t for t in (test(a, b) for a, b in plan['secondary']) if t]
     for t, adjusted in zip(secondary, holm([t['p'] for t in secondary])):
         t['p_holm'] = adjusted
+    planned_levels = {k: v for k, v in levels.items() if int(k) in plan['levels_px']}
+    amended = amendment is not None and any(r['band'] in amendment['levels_px'] for r in runs)
     return dict(rates=rates, primary=primary, secondary=secondary,
-                model=level_model(plan, runs, levels))
+                model=level_model(plan, runs, planned_levels),
+                model_amended=level_model(plan, runs, levels) if amended else None)
 
 
 def level_model(plan: dict, runs: List[dict], levels: Dict[str, dict]) -> Optional[dict]:
@@ -477,8 +527,17 @@ def write_outputs(saved: dict, stem: str) -> None:
                  f"A run takes {saved['cost']['run_minutes']:.1f} minutes on one thread here "
                  f"(median so far): the plan's runs take {saved['cost']['plan_hours']:.1f} hours "
                  f"{WORKERS} at a time, the diagnosis' controlled change "
-                 f"{saved['cost']['controlled_minutes']:.0f} minutes more."]
-                 if 'cost' in saved else []) + ['',
+                 f"{saved['cost']['controlled_minutes']:.0f} minutes more"
+                 + (f", the amendment's {saved['cost']['amendment_minutes']:.0f} minutes more"
+                    if 'amendment_minutes' in saved['cost'] else '') + '.']
+                 if 'cost' in saved else [])
+    amendment = saved.get('amendment')
+    if amendment:
+        lines += ['', f"Amendment: `{amendment['path']}` at commit {amendment['commit']}, "
+                      f"levels {', '.join(f'{b} px' for b in amendment['levels_px'])} added "
+                      f"after the plan ({len(amendment['runs'])} of {amendment['planned']} "
+                      f"runs done): {amendment['reason']}"]
+    lines += ['',
              f'## Success rates (band {task_band} px: the task as committed)', '']
     lines += report.markdown_table(
         ['mixer', 'runs', 'successes', 'rate [Wilson 95 %]', 'object mIoU of the successes',
@@ -497,35 +556,45 @@ def write_outputs(saved: dict, stem: str) -> None:
           f"{t['counts'][0]}/{t['counts'][1]} vs {t['counts'][2]}/{t['counts'][3]}",
           fmt_p(t['p']), fmt_p(t.get('p_holm'))] for t in tests])
     lines += ['', '## The difficulty axis: the exemplar band\'s thickness', '']
+    bands = axis_bands(plan, amendment)
+    amended = amendment['levels_px'] if amendment else []
+
+    def band_name(band: int) -> str:
+        return f'{band} (amended)' if band in amended else str(band)
+    axis_runs = saved['runs'] + (amendment['runs'] if amendment else [])
     lines += report.markdown_table(
         ['band px', 'exemplar token share', 'closest object px', 'control reach px',
          'chance mIoU', 'out of reach'],
-        [[f['band'], f"{100 * f['exemplar_token_share']:.1f} %", f['closest_object_px'],
-          f['conv_reach_px'], f"{f['chance_mIoU']:.2f}", 'yes' if f['out_of_reach'] else 'NO']
-         for f in saved['levels'].values()])
+        [[band_name(f['band']), f"{100 * f['exemplar_token_share']:.1f} %",
+          f['closest_object_px'], f['conv_reach_px'], f"{f['chance_mIoU']:.2f}",
+          'yes' if f['out_of_reach'] else 'NO']
+         for f in sorted(saved['levels'].values(), key=lambda f: -f['band'])])
     lines += ['']
     lines += report.markdown_table(
-        ['mixer', *[f'band {b}: rate [95 %], exemplar mass' for b in plan['levels_px']]],
+        ['mixer', *[f'band {band_name(b)}: rate [95 %], exemplar mass' for b in bands]],
         [[labels[m]] + [(lambda r: '-' if r is None else
                          f"{r['successes']}/{r['runs']} [{r['low']:.2f}, {r['high']:.2f}], "
                          f"{report.fmt(r['exemplar_mass'] and 100 * r['exemplar_mass'], 1)} %")(
-                            graded['rates'].get(f'{m}@{b}')) for b in plan['levels_px']]
+                            graded['rates'].get(f'{m}@{b}')) for b in bands]
          for m in plan['level_mixers']])
-    floor = [b for b in plan['levels_px'] if any(r['band'] == b for r in saved['runs'])
-             and not any(r['success'] for r in saved['runs'] if r['band'] == b)]
+    floor = [b for b in bands if any(r['band'] == b for r in axis_runs)
+             and not any(r['success'] for r in axis_runs if r['band'] == b)]
     if floor:  # a level nothing passes measures the budget, not the mixers
         lines += ['', f"No run at band {' and '.join(f'{b} px' for b in floor)} succeeded, "
                       'softmax\'s included: there the level is at the floor of the task at '
                       'this budget and cannot separate the mixers. The regression below includes '
                       'those runs, so its interaction mostly contrasts the other levels with '
                       'that floor.']
-    model = graded['model']
-    if model:
-        lines += ['', f"Firth logistic regression over {model['runs']} runs, success on mixer x "
-                      "log2(exemplar token share), softmax the baseline: interaction "
-                      f"(likelihood ratio) p = {fmt_p(model['interaction_p'])}.", '']
-        lines += report.markdown_table(['term', 'coefficient'],
-                                       [[k, f'{v:+.3f}'] for k, v in model['terms'].items()])
+    for model, scope in ((graded['model'], "the plan's levels"),
+                         (graded.get('model_amended'), 'every level, the amended included '
+                                                       '(outside the pre-registration)')):
+        if model:
+            lines += ['', f"Firth logistic regression over {model['runs']} runs at {scope}, "
+                          'success on mixer x log2(exemplar token share), softmax the baseline: '
+                          f"interaction (likelihood ratio) p = {fmt_p(model['interaction_p'])}.",
+                      '']
+            lines += report.markdown_table(['term', 'coefficient'],
+                                           [[k, f'{v:+.3f}'] for k, v in model['terms'].items()])
     lines += ['', "## Diagnosis (exploratory): the paper's NaLa, missing against succeeding", '',
               f"The primary mixers' runs at band {task_band}, summarised from their training "
               f'series: early = mean over the first {EARLY_ITERS} iterations, otherwise over the '
@@ -549,7 +618,7 @@ def write_outputs(saved: dict, stem: str) -> None:
         [[r['band'], r['mixer'], r['seed'], f"{r['object_mIoU']:.2f}",
           'yes' if r['success'] else 'no', report.fmt(r['crossing_iter'], 0),
           report.fmt(r['exemplar_mass_match'] and 100 * r['exemplar_mass_match'], 1),
-          f"{r['sec_per_iter']:.3f}"] for r in saved['runs']])
+          f"{r['sec_per_iter']:.3f}"] for r in axis_runs])
     if 'hypothesis' in saved:
         lines[lines.index('## Runs'):lines.index('## Runs')] = hypothesis_lines(
             saved['hypothesis'], labels) + ['']
@@ -592,7 +661,8 @@ def plot(saved: dict, path: str) -> None:
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
     for mixer in plan['level_mixers']:
         points = [(100 * levels[str(b)]['exemplar_token_share'], rates[f'{mixer}@{b}'])
-                  for b in plan['levels_px'] if f'{mixer}@{b}' in rates and str(b) in levels]
+                  for b in axis_bands(plan, saved.get('amendment'))
+                  if f'{mixer}@{b}' in rates and str(b) in levels]
         if not points:
             continue
         shares, rows = zip(*points)
@@ -622,12 +692,14 @@ def shown_path(path: str) -> str:
 
 def write_report(args: argparse.Namespace, plan: dict, levels: Dict[str, dict]) -> str:
     hypothesis = read_hypothesis(args.plan, plan)
+    amendment = read_amendment(args.plan, plan)
     runs = load_runs(args.out, planned_runs(plan))
     changed = load_runs(args.out, controlled_runs(plan, hypothesis))
+    amended = load_runs(args.out, amended_runs(plan, amendment))
     diagnosed = plan['primary'] + ([hypothesis['name']] if hypothesis else [])
     saved = dict(plan=plan, plan_path=shown_path(args.plan), plan_commit=plan_commit(args.plan),
                  threshold=success_threshold(plan), planned=len(planned_runs(plan)),
-                 levels=levels, runs=runs, graded=grade(plan, runs, levels),
+                 levels=levels, runs=runs, graded=grade(plan, runs + amended, levels, amendment),
                  diagnosis=diagnosis(plan, runs + changed, diagnosed))
     if runs:  # the cost stated up front, from the runs so far
         seconds = median(r['wall_seconds'] for r in runs)  # runs beside other work: outliers
@@ -635,6 +707,13 @@ def write_report(args: argparse.Namespace, plan: dict, levels: Dict[str, dict]) 
                              plan_hours=saved['planned'] * seconds / WORKERS / 3600,
                              controlled_minutes=(hypothesis or PLANNED_CHANGE)['seeds'] *
                              seconds / WORKERS / 60)
+        if amendment:
+            saved['cost']['amendment_minutes'] = len(amended_runs(plan, amendment)) * \
+                seconds / WORKERS / 60
+    if amendment:
+        path = osp.join(osp.dirname(args.plan), AMENDMENT_FILE)
+        saved['amendment'] = dict(amendment, path=shown_path(path), commit=plan_commit(path),
+                                  planned=len(amended_runs(plan, amendment)), runs=amended)
     if hypothesis:
         path = hypothesis_path(args.plan)
         saved['hypothesis'] = dict(hypothesis, path=shown_path(path), commit=plan_commit(path),
@@ -668,7 +747,8 @@ def main() -> None:
     import torch
     torch.set_num_threads(THREADS)
     levels = report.read_json(levels_path) if osp.exists(levels_path) else {}
-    for band in plan['levels_px']:  # data and guarantees before any run (none run in parallel)
+    amendment = read_amendment(args.plan, plan)
+    for band in axis_bands(plan, amendment):  # data and guarantees first (none in parallel)
         if str(band) not in levels:
             levels[str(band)] = level_facts(band)
         else:  # the data are needed even when their facts are stored
@@ -677,7 +757,8 @@ def main() -> None:
     os.makedirs(osp.dirname(levels_path), exist_ok=True)
     report.write_json(levels_path, levels)
     pending = [r for r in planned_runs(plan) + controlled_runs(plan, read_hypothesis(
-        args.plan, plan)) if not osp.exists(run_path(args.out, r))]
+        args.plan, plan)) + amended_runs(plan, amendment)
+        if not osp.exists(run_path(args.out, r))]
     pending = pending[:args.max_runs] if args.max_runs is not None else pending
     from tqdm import tqdm
     failures = []

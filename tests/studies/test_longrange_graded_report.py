@@ -1,8 +1,9 @@
-"""The graded sweep's hypothesis (benchmarks.studies.longrange_graded, run as its command): a
-controlled change, committed beside the plan, is validated when read and reported against its
-base mixer at the seeds both have run. The report (``--report-only``) is built from run files
-written here in the sweep's format (what the study's tests in make test-extended produce by
-training)."""
+"""The graded sweep's report (benchmarks.studies.longrange_graded, run as its command) on what
+is committed beside its plan: the hypothesis, a controlled change validated when read and
+reported against its base mixer at the seeds both have run, and an amendment, levels added to
+the axis after the plan, reported as such beside the pre-registered regression. The report
+(``--report-only``) is built from run files written here in the sweep's format (what the
+study's tests in make test-extended produce by training)."""
 import json
 import re
 import subprocess
@@ -69,7 +70,7 @@ def test_without_a_hypothesis_the_report_has_no_such_section(study):
     run_file(out, 'nala-cosine', 0, 96.0)
     proc = report(plan, out)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert '## The hypothesis' not in proc.stdout
+    assert '## The hypothesis' not in proc.stdout and 'Amendment' not in proc.stdout
     assert 'hypothesis' not in json.loads((out / 'longrange_graded.json').read_text())
 
 
@@ -119,3 +120,53 @@ def test_the_report_pairs_the_change_with_its_base_seed_by_seed(study):
     assert (out / 'longrange_graded.png').stat().st_size > 10_000  # the difficulty plot
     groups = {(g['mixer'], g['success']) for g in saved['diagnosis']['groups']}
     assert ('nala-cosine-low-ceiling', False) in groups  # the diagnosis reads the change too
+
+
+AMENDMENT = {"levels_px": [20], "reason": "nothing passes at 12 px: a level between."}
+
+
+@pytest.mark.parametrize('change,message', [
+    (dict(levels_px=[12]), r"levels_px \[12\] are already the plan's levels \[32, 12\]"),
+    (dict(levels_px=[6]), r'levels_px=\[6\]; expected distinct band thicknesses of at least 9'),
+    (dict(reason=' '), r"reason=' '; expected why the levels were added"),
+])
+def test_a_bad_amendment_names_what_is_wrong(study, change, message):
+    plan, out = study
+    write_md(plan.parent / 'amendment.md', dict(AMENDMENT, **change))
+    run_file(out, 'nala-cosine', 0, 96.0)
+    proc = report(plan, out)
+    assert proc.returncode != 0
+    assert re.search(message, proc.stderr), proc.stderr[-2000:]
+
+
+def test_an_amended_level_joins_the_axis_marked_and_fitted_apart(tmp_path):
+    plan, out = tmp_path / 'plan.md', tmp_path / 'out'
+    write_md(plan, dict(PLAN, level_mixers=['softmax', 'nala-cosine']))
+    write_md(tmp_path / 'amendment.md', AMENDMENT)
+    write_file(out / 'longrange_graded' / 'levels.json',
+               {str(b): dict(LEVEL, band=b, exemplar_token_share=s)
+                for b, s in ((32, 0.23), (20, 0.14), (12, 0.09))})
+    for seed, value in enumerate([96.0, 95.0, 40.0, 94.0, 97.0, 93.0]):
+        run_file(out, 'nala-cosine', seed, value)
+    for seed in range(2):
+        run_file(out, 'softmax', seed, 97.0)
+    for mixer, at_12, at_20 in (('softmax', 30.0, 90.0), ('nala-cosine', 31.0, 33.0)):
+        run_file(out, mixer, 0, at_12, band=12)
+        run_file(out, mixer, 0, at_20, band=20)
+    proc = report(plan, out)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    page = (out / 'longrange_graded.md').read_text()
+    saved = json.loads((out / 'longrange_graded.json').read_text())
+    assert saved['planned'] == 10  # the plan's runs alone: 8 at band 32, 2 at band 12
+    assert saved['amendment']['planned'] == 2 and len(saved['amendment']['runs']) == 2
+    assert 'levels 20 px added after the plan (2 of 2 runs done): nothing passes at 12' in page
+    rates = saved['graded']['rates']
+    assert (rates['softmax@20']['successes'], rates['nala-cosine@20']['successes']) == (1, 0)
+    # the axis thickest first, the amended level marked, in both tables
+    assert '| 32 | 23.0 % |' in page and '| 20 (amended) | 14.0 % |' in page
+    assert 'band 32: rate [95 %], exemplar mass | band 20 (amended): rate [95 %]' in page
+    assert 'No run at band 12 px succeeded' in page and 'band 20 px' not in page
+    # the pre-registered regression over the plan's levels, a second one over all of them
+    assert saved['graded']['model']['runs'] == 10
+    assert saved['graded']['model_amended']['runs'] == 12
+    assert "at the plan's levels" in page and 'the amended included' in page
