@@ -23,7 +23,9 @@ def wilson_interval(successes: int, runs: int, z: float = Z95) -> Tuple[float, f
     rate = successes / runs
     centre = (rate + z * z / (2 * runs)) / (1 + z * z / runs)
     half = z / (1 + z * z / runs) * math.sqrt(rate * (1 - rate) / runs + z * z / (4 * runs ** 2))
-    return max(0.0, centre - half), min(1.0, centre + half)
+    # at 0 or ``runs`` successes one end is the rate itself, which rounding can miss by an ulp
+    # (0 of 7: a low end of 1e-17); the interval always holds the rate
+    return min(rate, max(0.0, centre - half)), max(rate, min(1.0, centre + half))
 
 
 def barnard_p(successes_a: int, runs_a: int, successes_b: int, runs_b: int) -> float:

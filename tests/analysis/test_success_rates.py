@@ -24,6 +24,16 @@ def test_wilson_interval_is_where_the_score_test_accepts(successes, runs):
     assert sr.wilson_interval(successes, runs) == pytest.approx((low, high), abs=1e-9)
 
 
+def test_wilson_interval_holds_the_rate_at_every_count():
+    """Error bars are rate - low and high - rate (the graded report's plot): never negative,
+    also at 0 and ``runs`` successes, where rounding once put 0 of 7's low end at 1e-17."""
+    for runs in range(1, 41):
+        for successes in range(runs + 1):
+            low, high = sr.wilson_interval(successes, runs)
+            assert 0.0 <= low <= successes / runs <= high <= 1.0, (successes, runs, low, high)
+    assert sr.wilson_interval(0, 7)[0] == 0.0 and sr.wilson_interval(10, 10)[1] == 1.0
+
+
 def test_wilson_interval_names_bad_counts():
     with pytest.raises(ValueError, match='got 11 of 10'):
         sr.wilson_interval(11, 10)
