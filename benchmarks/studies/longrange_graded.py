@@ -83,9 +83,9 @@ def read_plan(path: str = PLAN) -> dict:
     return plan
 
 
-def hypothesis_path(plan_path: str) -> str:
-    """The diagnosis' hypothesis lives beside the plan it follows from."""
-    return osp.join(osp.dirname(plan_path), HYPOTHESIS_FILE)
+def beside_plan(plan_path: str, name: str) -> str:
+    """The hypothesis and the amendment live beside the plan they follow from."""
+    return osp.join(osp.dirname(plan_path), name)
 
 
 def read_hypothesis(plan_path: str, plan: dict) -> Optional[dict]:
@@ -93,7 +93,7 @@ def read_hypothesis(plan_path: str, plan: dict) -> Optional[dict]:
     runs), or None before one is formed. Its block names the controlled change as a mixer
     (``name``, ``label``, ``mixer``: the full config), the plan's mixer it changes (``base``)
     and the seeds both run (``seeds``: 0 to seeds - 1, at the task's band)."""
-    path = hypothesis_path(plan_path)
+    path = beside_plan(plan_path, HYPOTHESIS_FILE)
     if not osp.exists(path):
         return None
     hypothesis = json_block(path)
@@ -116,7 +116,7 @@ def read_amendment(plan_path: str, plan: dict) -> Optional[dict]:
     ``levels_px``, band thicknesses the plan does not hold, run with the plan's axis mixers at
     its level seeds, and ``reason``, why they were added after the plan."""
     from nala_mm.datasets.longrange import MIN_EXEMPLAR_PX
-    path = osp.join(osp.dirname(plan_path), AMENDMENT_FILE)
+    path = beside_plan(plan_path, AMENDMENT_FILE)
     if not osp.exists(path):
         return None
     amendment = json_block(path)
@@ -711,11 +711,11 @@ def write_report(args: argparse.Namespace, plan: dict, levels: Dict[str, dict]) 
             saved['cost']['amendment_minutes'] = len(amended_runs(plan, amendment)) * \
                 seconds / WORKERS / 60
     if amendment:
-        path = osp.join(osp.dirname(args.plan), AMENDMENT_FILE)
+        path = beside_plan(args.plan, AMENDMENT_FILE)
         saved['amendment'] = dict(amendment, path=shown_path(path), commit=plan_commit(path),
                                   planned=len(amended_runs(plan, amendment)), runs=amended)
     if hypothesis:
-        path = hypothesis_path(args.plan)
+        path = beside_plan(args.plan, HYPOTHESIS_FILE)
         saved['hypothesis'] = dict(hypothesis, path=shown_path(path), commit=plan_commit(path),
                                    runs=changed, test=controlled_test(hypothesis, runs, changed))
     stem = osp.join(args.out, NAME)
