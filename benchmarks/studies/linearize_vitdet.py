@@ -9,9 +9,8 @@ seed (the seed sets the transfer's data order). The teacher keeps its windows
 The model: ViTDet's parts at a 2-core CPU's size: patch 16 on 192x192 images (a 12x12 grid),
 six blocks in ViTDet's pattern (two windowed blocks of 4x4 windows, then a global one, twice),
 SimpleFPN and Mask R-CNN at 64 channels; trained from scratch with LSJ at 192x192 (resize 0.8 to
-1.25, crop), AdamW without layer decay (a from-scratch run, not a fine-tuning one). SimpleFPN
-normalises with BatchNorm here, not ViTDet's LayerNorm: with LayerNorm the tiny detector barely
-learns within a CPU's schedule.
+1.25, crop), AdamW without layer decay (a from-scratch run, not a fine-tuning one), BatchNorm
+in SimpleFPN (``CONFIG`` says why).
 Results: benchmarks/results/studies/linearize_vitdet.{json,md,png}; discussed in docs/vitdet.md.
 
     python -m benchmarks.studies.linearize_vitdet        # make linearize-vitdet
@@ -32,7 +31,7 @@ from ..lib.provenance import code_version
 from ..lib.runs import schedule, train_config
 
 SWAP = osp.join(REPO, 'configs', 'swap', 'coco_vitdet-b_mask-rcnn_lsj-100e')
-# The generated COCO data (nala_mm.datasets.synthetic_coco) at 8x the det demo's 120 training
+# The generated COCO data (nala_mm.datasets.synthetic_coco) at 8x the det demo's training
 # images, which the teacher overfits.
 DATA = dict(root='data/studies/vitdet_coco/', num_train=960, num_val=60)
 METRIC = 'coco/bbox_mAP'
@@ -118,8 +117,7 @@ def run(args) -> dict:
                        num_val=DATA['num_val'], image_size=SIDE)
     saved = dict(commit=code_version(), seeds=args.seeds, spec=dict(
         pretrain_iters=args.pretrain_iters, transfer_iters=args.transfer_iters, lr=args.lr,
-        side=list(SIDE), layouts=LAYOUTS,
-        data=DATA, clear_map=CLEAR_MAP), runs=[])
+        side=list(SIDE), layouts=LAYOUTS, data=DATA, clear_map=CLEAR_MAP), runs=[])
     started = time.perf_counter()
     teacher = train_config(config_text('stock', 0, args.pretrain_iters, args.lr,
                                        val_every=args.pretrain_iters // 4), 'teacher', root)
