@@ -18,20 +18,22 @@ from .attention_stats import (
                               spearman,
 )
 from .flops import (
-                              KERNELIZED_OP,
+                              KERNELIZED_OPS,
                               ROPE_FLOPS,
                               SDPA_OP,
                               FlopCount,
                               build_flop_analyzer,
                               count_flops,
                               kernelized_attention_flop_counts,
-                              kernelized_flop_jit,
+                              kernelized_readout_flop_jit,
+                              kernelized_state_flop_jit,
                               sdpa_flop_jit,
 )
 
 __all__ = [
-    'KERNELIZED_OP', 'ROPE_FLOPS', 'SDPA_OP', 'FlopCount', 'build_flop_analyzer', 'count_flops',
-    'kernelized_attention_flop_counts', 'kernelized_flop_jit', 'sdpa_flop_jit',
+    'KERNELIZED_OPS', 'ROPE_FLOPS', 'SDPA_OP', 'FlopCount', 'build_flop_analyzer', 'count_flops',
+    'kernelized_attention_flop_counts', 'kernelized_readout_flop_jit',
+    'kernelized_state_flop_jit', 'sdpa_flop_jit',
     'LayerStats', 'analyze_backbone', 'attention_layers', 'average_ranks', 'capture_inputs',
     'entropy_rope', 'layer_statistics', 'preprocess', 'query_entropies', 'query_token',
     'row_entropy', 'saturated_share', 'saturation_norm', 'spearman',

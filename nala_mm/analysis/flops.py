@@ -8,25 +8,26 @@ model, so they would count 0; this module adds them:
 * ``aten::scaled_dot_product_attention`` (:class:`~nala_mm.models.SoftmaxAttention`): ``q k^T``
   plus ``A v``, ``B*h*N_q*N_k*(d + d_v)`` = ``2*B*h*N^2*d``; the softmax itself counts 0, like
   everywhere else.
-* The fast kernelised-attention node :class:`~nala_mm.ops.ChunkedKernelizedAttention` (NaLa and
-  plain linear attention): the tracer records it as one ``prim::PythonOp`` node
-  (:data:`KERNELIZED_OP`); its feature maps travel as the node's scalar arguments, so the handle
-  reads the feature width ``e*d`` (``e`` = 2 for NaLa's split kernels, 1 for its positive part
-  and for plain linear attention) and each map's element-wise cost.
-  Per (batch, head), with N tokens and head dim d, it counts
+* The fast kernelised attention (NaLa and plain linear attention), two custom ops
+  (:data:`KERNELIZED_OPS`, :mod:`nala_mm.ops.attention.custom_ops`): the state op over the keys
+  and the readout op over the queries. Each map travels as the op's name and numbers, so the
+  handles read the feature width ``e*d`` (``e`` = 2 for NaLa's split kernels, 1 for its
+  positive part and for plain linear attention) and each map's element-wise cost.
+  Per (batch, head), with N tokens and head dim d, they count
 
   under ``attn_matmul`` (what the reference mode's matmuls add up to):
-    * state ``S = G_k^T v``                        N*e*d*d
-    * numerator ``G_q S``                          N*e*d*d
-    * normaliser dot ``phi(q) . mean_j phi(k_j)``  N*e*d
+    * state ``S = G_k^T v``                        N*e*d*d   (state op)
+    * numerator ``G_q S``                          N*e*d*d   (readout op)
+    * normaliser dot ``phi(q) . mean_j phi(k_j)``  N*e*d     (readout op)
 
   under ``attn_elementwise`` (work the stock convention would ignore; each term is output
   elements x a per-element constant):
-    * key mean ``mean_j phi(k_j)``                 N*e*d  (one add per element)
-    * features ``phi(q)`` and ``phi(k)``           (c_q + c_k) * N*e*d  (``c``: each map's
-                                                   ``flops_per_feature``)
-    * RoPE on ``phi(q)`` and ``phi(k)``            2 * ROPE_FLOPS * N*e*d  (only with RoPE)
-    * scaling the output by ``z``                  N*d
+    * key sum ``sum_j phi(k_j)``                   N*e*d  (one add per element; state op)
+    * features ``phi(k)`` and ``phi(q)``           (c_k + c_q) * N*e*d  (``c``: each map's
+                                                   ``flops_per_feature``; state, readout op)
+    * RoPE on ``phi(k)`` and ``phi(q)``            2 * ROPE_FLOPS * N*e*d  (only with RoPE;
+                                                   half in each op)
+    * scaling the output by ``z``                  N*d    (readout op)
 
   For NaLa (e = 2, c = 4) that is ``4*N*d^2 + 29*N*d`` with RoPE, the leading ``4*N*d^2`` of
   docs/method.md ('Cost').
@@ -49,28 +50,42 @@ from mmengine.analysis.jit_handles import get_shape
 from mmengine.analysis.print_helper import complexity_stats_table
 from torch import nn
 
-from ..ops import ChunkedKernelizedAttention, FeatureMap
+from ..ops import FeatureMap
+from ..ops.attention.custom_ops import READOUT_OP, STATE_OP
+from ..ops.attention.feature_maps import feature_map_from_spec
 
 # Per rotated output element: ``x cos - y sin`` (or ``x sin + y cos``) is two multiply-adds.
 ROPE_FLOPS = 2
 
-KERNELIZED_OP = f'prim::PythonOp.{ChunkedKernelizedAttention.__name__}'
+# the traced nodes of the fast kernelised attention: the state op, then the readout op
+KERNELIZED_OPS = (STATE_OP, READOUT_OP)
 SDPA_OP = 'aten::scaled_dot_product_attention'
+
+
+def _state_counts(n: int, d: int, key_map: FeatureMap, rope: bool) -> Tuple[int, int]:
+    """(matmul, element-wise) flops of the state op per (batch, head)."""
+    width = key_map.expansion * d
+    elementwise = n * width + key_map.flops_per_feature * n * width
+    return n * width * d, elementwise + (ROPE_FLOPS * n * width if rope else 0)
+
+
+def _readout_counts(n: int, d: int, query_map: FeatureMap, width: int,
+                    rope: bool) -> Tuple[int, int]:
+    """(matmul, element-wise) flops of the readout op per (batch, head); ``width`` = e*d."""
+    elementwise = query_map.flops_per_feature * n * width + n * d
+    return n * width * d + n * width, elementwise + (ROPE_FLOPS * n * width if rope else 0)
 
 
 def kernelized_attention_flop_counts(n_tokens: int, head_dim: int, heads: int,
                                      query_map: FeatureMap, key_map: FeatureMap,
                                      batch: int = 1, rope: bool = True) -> Counter:
     """Flops of one kernelised attention call split into ``attn_matmul`` and
-    ``attn_elementwise`` (module doc)."""
-    n, d, width = n_tokens, head_dim, key_map.expansion * head_dim
-    matmul = n * width * d + n * width * d + n * width
-    features = (query_map.flops_per_feature + key_map.flops_per_feature) * n * width
-    elementwise = n * width + features + n * d
-    if rope:
-        elementwise += 2 * ROPE_FLOPS * n * width
+    ``attn_elementwise`` (module doc): the state op's and the readout op's together."""
+    state = _state_counts(n_tokens, head_dim, key_map, rope)
+    readout = _readout_counts(n_tokens, head_dim, query_map, key_map.expansion * head_dim, rope)
     groups = batch * heads
-    return Counter(attn_matmul=groups * matmul, attn_elementwise=groups * elementwise)
+    return Counter(attn_matmul=groups * (state[0] + readout[0]),
+                   attn_elementwise=groups * (state[1] + readout[1]))
 
 
 def _shapes(values: List[Any]) -> List[List[int]]:
@@ -80,19 +95,45 @@ def _shapes(values: List[Any]) -> List[List[int]]:
     return shapes
 
 
-def kernelized_flop_jit(inputs: List[Any], outputs: List[Any]) -> Counter:
-    """Handle for the :data:`KERNELIZED_OP` node: tensor inputs ``q, k, v`` ``(..., N, d)``
-    and, with RoPE, the phasor table; the feature maps are the node's first scalar arguments."""
-    q_shape, k_shape, v_shape = _shapes(inputs[:3])
-    if not q_shape == k_shape == v_shape:
-        raise ValueError(f'kernelised attention flop handle expects q, k, v of one shape, got '
-                         f'{q_shape}, {k_shape}, {v_shape}')
-    # without RoPE the phasor argument is a None scalar ahead of the maps: pick them by type
-    query_map, key_map = [a for a in outputs[0].node().scalar_args()
-                          if isinstance(a, FeatureMap)][:2]
+def _constant(value: Any) -> Any:
+    """A traced node's constant argument (a list built from constants included)."""
+    node = value.node()
+    if node.kind() == 'prim::ListConstruct':
+        return [_constant(item) for item in node.inputs()]
+    return value.toIValue()
+
+
+def _feature_map(inputs: List[Any], at: int) -> FeatureMap:
+    """The map whose registered name and numbers are the node's arguments ``at`` and ``at+1``."""
+    return feature_map_from_spec(_constant(inputs[at]), _constant(inputs[at + 1]))
+
+
+def _has_rope(inputs: List[Any], at: int) -> bool:
+    """Whether the node's ``cos`` argument (at ``at``) is a table, not ``None``."""
+    cos = inputs[at]
+    return not (cos.node().kind() == 'prim::Constant' and cos.toIValue() is None)
+
+
+def kernelized_state_flop_jit(inputs: List[Any], outputs: List[Any]) -> Counter:
+    """Handle for ``nala_mm::kernelized_state(k, v, cos, sin, key_map, key_numbers, chunk)``."""
+    k_shape, v_shape = _shapes(inputs[:2])
+    if k_shape[:-1] != v_shape[:-1]:
+        raise ValueError(f'kernelised state flop handle expects k, v with one token grid, got '
+                         f'{k_shape}, {v_shape}')
+    *groups, n_tokens, head_dim = k_shape
+    matmul, elementwise = _state_counts(n_tokens, head_dim, _feature_map(inputs, 4),
+                                        _has_rope(inputs, 2))
+    return Counter(attn_matmul=prod(groups) * matmul, attn_elementwise=prod(groups) * elementwise)
+
+
+def kernelized_readout_flop_jit(inputs: List[Any], outputs: List[Any]) -> Counter:
+    """Handle for ``nala_mm::kernelized_readout(q, state, key_mean, cos, sin, query_map,
+    query_numbers, eps, chunk)``."""
+    q_shape, state_shape = _shapes(inputs[:2])
     *groups, n_tokens, head_dim = q_shape
-    return kernelized_attention_flop_counts(n_tokens, head_dim, prod(groups), query_map, key_map,
-                                            rope=len(inputs) > 3)
+    matmul, elementwise = _readout_counts(n_tokens, head_dim, _feature_map(inputs, 5),
+                                          state_shape[-2], _has_rope(inputs, 3))
+    return Counter(attn_matmul=prod(groups) * matmul, attn_elementwise=prod(groups) * elementwise)
 
 
 def sdpa_flop_jit(inputs: List[Any], outputs: List[Any]) -> Counter:
@@ -114,7 +155,9 @@ def build_flop_analyzer(model: nn.Module, inputs: Tuple[Any, ...],
     analyzer.tracer_warnings('none').unsupported_ops_warnings(False) \
         .uncalled_modules_warnings(False)
     if attention_handles:
-        analyzer.set_op_handle(KERNELIZED_OP, kernelized_flop_jit, SDPA_OP, sdpa_flop_jit)
+        analyzer.set_op_handle(KERNELIZED_OPS[0], kernelized_state_flop_jit,
+                               KERNELIZED_OPS[1], kernelized_readout_flop_jit,
+                               SDPA_OP, sdpa_flop_jit)
     return analyzer
 
 

@@ -1,24 +1,23 @@
 """The one switch every op of the package takes: ``mode='fast' | 'reference'``.
 
 ``'reference'`` is an op's plain formula in tensor ops, differentiated by autograd: the readable
-ground truth. ``'fast'`` is the same numbers through a hand-written autograd node (less memory
-kept for the backward, faster kernels on CPU). Ops call :func:`resolve_mode` on entry; it is the
-one place where exporting forces the reference path: the fast nodes are
-``torch.autograd.Function``\\ s, some rotate with complex numbers and cache tables by size, and
-ONNX has no form for any of that, while an exporter's sizes are symbolic.
+ground truth. ``'fast'`` is the same numbers through hand-written nodes (less memory kept for the
+backward, faster kernels on CPU): torch custom ops (``torch.library.custom_op``) whose backward
+is a second custom op, so that ``torch.compile`` keeps them as nodes in eager and compiled runs
+alike. Ops call :func:`resolve_mode` on entry; it is the one place where exporting forces the
+reference path: ONNX has no form for the custom ops, and an exporter's sizes are symbolic.
 
-Compiled (``torch.compile``), ``'fast'`` means the reference formula handed to inductor, which
-fuses its element-wise chains itself (Triton on CUDA, C++/OpenMP on CPU): the hand-written nodes
-write into views with ``out=`` and key Python caches by size, which dynamo cannot trace without
-breaking the graph. An op whose fast path is already plain PyTorch (SDPA in
-:func:`nala_mm.models.window_attention.softmax_attention`) passes ``traceable=True`` and keeps
-it. Per op, once compiled:
+Per op, compiled (``torch.compile``) with ``mode='fast'``:
 
-* ``kernelized_attention`` / ``nala_attention``: the naive formula (:mod:`.attention.naive`);
-* ``rope_table_for``: the table built in the graph (no size-keyed cache);
-* RoPE in ``SoftmaxAttention``: the real-valued rotation (no complex numbers);
-* ``gelu_conv``, ``conv2d`` (the depthwise weight gradient): their formulas;
+* ``kernelized_attention`` / ``nala_attention``: the custom ops ``nala_mm::kernelized_state``
+  and ``nala_mm::kernelized_readout`` (:mod:`.attention.custom_ops`);
+* ``gelu_conv``, ``conv2d`` (the CPU weight gradient): ``nala_mm::gelu_conv``,
+  ``nala_mm::conv2d``;
+* ``rope_table_for``: the table built in the graph (its size-keyed cache is no graph op);
+* RoPE in ``SoftmaxAttention``: the real-valued rotation (no complex numbers in the graph);
 * the window and global softmax of the ViTDet mixer: SDPA, as in eager.
+
+An op passes ``traceable=True`` when its fast path compiles as it is (the custom ops, SDPA).
 """
 import torch
 

@@ -1,12 +1,12 @@
 """Kernelised attention (NaLa and plain linear attention): one op, two modes (:mod:`.dispatch`).
 
-``mode='reference'`` is the formula in plain ops (:mod:`.naive`); ``'fast'`` is the chunked node
-with a hand-written backward (:mod:`.chunked`). Feature maps are small named objects
-(:mod:`.feature_maps`), NaLa's settings a frozen config (:mod:`.config`), positions a 2D RoPE
-(:mod:`.rope`). The method: docs/method.md.
+``mode='reference'`` is the formula in plain ops (:mod:`.naive`); ``'fast'`` is two custom ops
+split at the state, with hand-written backward ops (:mod:`.custom_ops`, kernels in
+:mod:`.chunked`). Feature maps are small named objects (:mod:`.feature_maps`), NaLa's settings a
+frozen config (:mod:`.config`), positions a 2D RoPE (:mod:`.rope`). The method: docs/method.md.
 """
-from .chunked import ChunkedKernelizedAttention
 from .config import NaLaConfig
+from .custom_ops import kernelized_readout, kernelized_state
 from .dispatch import (
                        kernelized_attention,
                        nala_attention,
@@ -25,8 +25,8 @@ from .rope import (
 )
 
 __all__ = [
-    'ChunkedKernelizedAttention', 'FeatureMap', 'NaLaConfig', 'Rope', 'apply_rope',
-    'apply_rope_reference', 'build_plain_feature_map', 'kernelized_attention',
-    'kernelized_attention_weights', 'nala_attention', 'rope_angle_buffer', 'rope_frequencies',
-    'rope_phasor', 'rope_table', 'rope_table_for',
+    'FeatureMap', 'NaLaConfig', 'Rope', 'apply_rope', 'apply_rope_reference',
+    'build_plain_feature_map', 'kernelized_attention', 'kernelized_attention_weights',
+    'kernelized_readout', 'kernelized_state', 'nala_attention', 'rope_angle_buffer',
+    'rope_frequencies', 'rope_phasor', 'rope_table', 'rope_table_for',
 ]

@@ -1,14 +1,15 @@
 """The kernelised-attention op: one signature, ``mode='fast' | 'reference'`` resolved here.
 
-``'reference'`` is the formula in plain ops (:mod:`.naive`); ``'fast'`` the chunked node with a
-hand-written backward (:mod:`.chunked`); while exporting, :func:`nala_mm.ops.resolve_mode`
-forces the reference.
+``'reference'`` is the formula in plain ops (:mod:`.naive`); ``'fast'`` the two custom ops with
+hand-written backward ops (:mod:`.custom_ops`), eager and compiled alike; while exporting,
+:func:`nala_mm.ops.resolve_mode` forces the reference.
 """
 from torch import Tensor
 
 from ..mode import resolve_mode
-from .chunked import DEFAULT_CHUNK, kernelized_attention_chunked
+from .chunked import DEFAULT_CHUNK
 from .config import NaLaConfig
+from .custom_ops import kernelized_attention_chunked
 from .feature_maps import FeatureMap
 from .naive import kernelized_attention_naive
 from .rope import Rope
@@ -21,7 +22,8 @@ def kernelized_attention(q: Tensor, k: Tensor, v: Tensor, query_map: FeatureMap,
 
     ``chunk`` bounds the tokens the fast mode processes at once (memory), not the result.
     """
-    if resolve_mode(mode) == 'reference':
+    # custom ops: dynamo and inductor take them as they are
+    if resolve_mode(mode, traceable=True) == 'reference':
         return kernelized_attention_naive(q, k, v, query_map, key_map, eps, rope)
     return kernelized_attention_chunked(q, k, v, query_map, key_map, eps, rope, chunk)
 

@@ -9,6 +9,12 @@ non-negative feature ``phi(x)`` and mixes values with ``phi(q) . phi(k)``. Each 
   (the fast path stores no feature for its backward);
 * ``expansion``: the feature width over the head dim (the attention state is ``expansion*d x d``).
 
+The fast path runs as torch custom ops (:mod:`.custom_ops`), which take tensors, strings and
+numbers, not Python objects: a map travels as its registered name and its numbers
+(:func:`feature_map_spec`) and is rebuilt inside the op (:func:`feature_map_from_spec`). Every
+subclass of :class:`FeatureMap` registers itself on definition, so a user's map needs no call; a
+map whose constructor takes arguments returns them from :meth:`FeatureMap.numbers`.
+
 NaLa's maps (docs/method.md, "Query norm x direction", "Cubed keys", "Cosine inhibit") are
 composed of a magnitude (the query direction raised to a norm-dependent
 power, or the cubed key) and a *sign split* that makes the feature non-negative: the released
@@ -16,7 +22,7 @@ ReLU split, the paper's cosine inhibit, or the positive part alone (an ablation 
 signed interactions). Only the sign splits branch on the kernel; everything else is shared.
 """
 import math
-from typing import Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -171,6 +177,15 @@ def build_sign_split(kernel: str, alpha: float = 20.0) -> SignSplit:
     return SIGN_SPLITS[kernel].from_config(alpha)
 
 
+def _split_numbers(split: SignSplit) -> Tuple[float, float]:
+    """A sign split as ``(index in SIGN_SPLITS, alpha)`` (alpha 0 where it reads none)."""
+    return float(tuple(SIGN_SPLITS).index(split.name)), float(getattr(split, 'alpha', 0.0))
+
+
+def _split_from_numbers(index: float, alpha: float) -> SignSplit:
+    return build_sign_split(tuple(SIGN_SPLITS)[int(index)], alpha)
+
+
 # --------------------------------------------------------------------------- token features
 # log|0| = -inf is clamped here so that exp(p * log|u|) is exactly 0 for every p > 1e-4 and,
 # like pow, 1 for p = 0 (never 0 * inf = nan).
@@ -188,14 +203,44 @@ def _power_of_abs(x: Tensor, power: Tensor) -> Tensor:
     return _log_abs(x).mul_(power).exp_()
 
 
+# registered name (module and qualified name of the class) -> FeatureMap subclass
+FEATURE_MAPS: Dict[str, type] = {}
+
+
+def _registered_name(cls: type) -> str:
+    return f'{cls.__module__}.{cls.__qualname__}'
+
+
 class FeatureMap:
     """Per-token feature ``phi(x)`` of kernelised attention (module docstring).
 
     ``flops_per_feature``: the element-wise work per output element the FLOP counter charges
     (an elementary function counts as one flop; see :mod:`nala_mm.analysis`).
+
+    A subclass registers itself under its module and qualified name (a class defined again
+    under the same name replaces the earlier one).
     """
     expansion = 1
     flops_per_feature = 1
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        FEATURE_MAPS[_registered_name(cls)] = cls
+
+    def numbers(self) -> Tuple[float, ...]:
+        """The constructor's arguments as Python floats: ``type(self).from_numbers(m.numbers())``
+        rebuilds an equal map (compute them in the constructor: they are read at every call).
+        A map built without arguments has none; one whose constructor takes arguments must say
+        which (else its fast op could not rebuild it)."""
+        if type(self).__init__ is not object.__init__:
+            raise TypeError(f'{type(self).__name__} takes constructor arguments but does not '
+                            'define numbers(): return them (and from_numbers, if they are not '
+                            'its positional arguments) so that the fast op can rebuild the map')
+        return ()
+
+    @classmethod
+    def from_numbers(cls, numbers: Sequence[float]) -> 'FeatureMap':
+        return cls(*numbers)
 
     def forward(self, x: Tensor) -> Tensor:
         raise NotImplementedError
@@ -228,6 +273,17 @@ class NormAwareQuery(FeatureMap):
         self.norm_aware, self.fixed_power = norm_aware, fixed_power
         self.query_norm = query_norm
         self.expansion = split.expansion
+        self._numbers = (*_split_numbers(split), float(lam), float(tau), float(norm_aware),
+                         float(fixed_power), float(QUERY_NORMS.index(query_norm)))
+
+    def numbers(self):
+        return self._numbers
+
+    @classmethod
+    def from_numbers(cls, numbers):
+        index, alpha, lam, tau, norm_aware, fixed_power, query_norm = numbers
+        return cls(_split_from_numbers(index, alpha), lam, tau, bool(norm_aware), fixed_power,
+                   QUERY_NORMS[int(query_norm)])
 
     def norm_scale(self, dims: int) -> float:
         """``s``: what the query norm is measured against before tanh."""
@@ -297,6 +353,14 @@ class CubedKey(FeatureMap):
     def __init__(self, split: SignSplit):
         self.split = split
         self.expansion = split.expansion
+        self._numbers = _split_numbers(split)
+
+    def numbers(self):
+        return self._numbers
+
+    @classmethod
+    def from_numbers(cls, numbers):
+        return cls(_split_from_numbers(*numbers))
 
     def forward(self, k):
         direction = _unit(k)[1] if self.split.uses_direction else None
@@ -346,6 +410,26 @@ class ELUFeature(FeatureMap):
 
     def __repr__(self) -> str:
         return 'elu+1'
+
+
+def feature_map_spec(feature_map: FeatureMap) -> Tuple[str, List[float]]:
+    """What a fast op takes for ``feature_map``: its registered name and its numbers."""
+    name = _registered_name(type(feature_map))
+    if FEATURE_MAPS.get(name) is not type(feature_map):
+        raise TypeError(f'{name} is not the FeatureMap registered under its name (a class '
+                        'defined again replaces the earlier one): build the map from the '
+                        'class defined last')
+    # no float() here: traced with dynamic sizes, dynamo would lift float(x) of a float
+    # attribute into a graph input (a map's numbers are constants of the graph)
+    return name, list(feature_map.numbers())
+
+
+def feature_map_from_spec(name: str, numbers: Sequence[float]) -> FeatureMap:
+    """The map :func:`feature_map_spec` described."""
+    if name not in FEATURE_MAPS:
+        raise KeyError(f'no FeatureMap registered as {name!r}: define (import) its class in '
+                       'this process before running the fast op')
+    return FEATURE_MAPS[name].from_numbers(numbers)
 
 
 # linear attention's feature_map name -> map

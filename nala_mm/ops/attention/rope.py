@@ -110,5 +110,7 @@ def apply_rope(x: Tensor, phasor: Tensor, inverse: bool = False) -> Tensor:
     pairs = phasor.shape[-1]
     shape = x.shape
     as_complex = torch.view_as_complex(x.reshape(*shape[:-1], -1, pairs, 2).contiguous())
-    rotated = as_complex * (phasor.conj() if inverse else phasor)
+    # conj_physical: a lazy conj() (a conjugate bit on a view) reads back unconjugated when the
+    # op runs inside a compiled graph (AOTAutograd, torch 2.13)
+    rotated = as_complex * (phasor.conj_physical() if inverse else phasor)
     return torch.view_as_real(rotated).reshape(shape)

@@ -12,18 +12,19 @@ for those two (timings: ``benchmarks/speed/conv_weight_grad.py``, docs/speed.md)
   {-2..0}, ..., {0..2} x {0..2}); below ``SPLIT_MIN_PIXELS`` oneDNN's direct kernel is as fast
   and is kept.
 
-``mode='fast'`` runs the forward as ``F.conv2d`` in one autograd node whose backward picks those
-paths; ``'reference'`` is ``F.conv2d`` differentiated by autograd. Same numbers (sums in another
-order). Off CPU, under autocast, without gradients or while exporting, both are ``F.conv2d``.
+``mode='fast'`` runs the forward as ``F.conv2d`` in one custom op, ``nala_mm::conv2d``, whose
+backward op picks those paths (``torch.compile`` keeps both as nodes); ``'reference'`` is
+``F.conv2d`` differentiated by autograd. Same numbers (sums in another order). Off CPU, under
+autocast, without gradients or while exporting, both are ``F.conv2d``.
 """
-from typing import Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
 from ..mode import resolve_mode
+from .layout import laid_out_like
 
 # Below this many pixels per map oneDNN's own depthwise 5x5 weight gradient is as fast as four
 # 3x3 ones (benchmarks/speed/conv_weight_grad.py).
@@ -96,31 +97,60 @@ def conv_weight_grad(d_out: Tensor, x: Tensor, weight: Tensor, stride: Tuple[int
     return _weight_grad_onednn(d_out, x, weight, stride, padding, groups)
 
 
-class _Conv2d(torch.autograd.Function):
+@torch.library.custom_op('nala_mm::conv2d', mutates_args=())
+def conv2d_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride: List[int],
+              padding: List[int], groups: int) -> Tensor:
+    """``F.conv2d`` (no dilation); its backward op takes the paths of the module docstring."""
+    return F.conv2d(x, weight, bias, stride, padding, 1, groups)
 
-    @staticmethod
-    def forward(ctx, x: Tensor, weight: Tensor, bias: Optional[Tensor],
-                stride: Tuple[int, int], padding: Tuple[int, int], groups: int):
-        ctx.save_for_backward(x, weight)
-        ctx.stride, ctx.padding, ctx.groups = stride, padding, groups
-        ctx.has_bias = bias is not None
-        return F.conv2d(x, weight, bias, stride, padding, 1, groups)
 
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, d_out: Tensor):
-        x, weight = ctx.saved_tensors
-        needs = ctx.needs_input_grad
-        d_x = d_weight = d_bias = None
-        if needs[0]:
-            d_x = _convolution_backward(d_out, x, weight, None, list(ctx.stride),
-                                        list(ctx.padding), [1, 1], False, [0, 0], ctx.groups,
-                                        [True, False, False])[0]
-        if needs[1]:
-            d_weight = conv_weight_grad(d_out, x, weight, ctx.stride, ctx.padding, ctx.groups)
-        if ctx.has_bias and needs[2]:
-            d_bias = d_out.sum((0, 2, 3))
-        return d_x, d_weight, d_bias, None, None, None
+@conv2d_op.register_fake
+def _(x, weight, bias, stride, padding, groups):
+    return F.conv2d(x, weight, bias, stride, padding, 1, groups)
+
+
+@torch.library.custom_op('nala_mm::conv2d_backward', mutates_args=())
+def conv2d_backward(d_out: Tensor, x: Tensor, weight: Tensor, stride: List[int],
+                    padding: List[int], groups: int,
+                    output_mask: List[bool]) -> Tuple[Tensor, Tensor, Tensor]:
+    """Gradients of x, the weight and the bias; an output ``output_mask`` leaves out is an empty
+    tensor."""
+    d_x, d_weight, d_bias = (x.new_empty(0) for _ in range(3))  # distinct: outputs never alias
+    if output_mask[0]:
+        d_x = laid_out_like(_convolution_backward(
+            d_out, x, weight, None, list(stride), list(padding), [1, 1], False, [0, 0], groups,
+            [True, False, False])[0], x)
+    if output_mask[1]:
+        d_weight = laid_out_like(conv_weight_grad(d_out, x, weight, tuple(stride),
+                                                  tuple(padding), groups), weight)
+    if output_mask[2]:
+        d_bias = d_out.sum((0, 2, 3))
+    return d_x, d_weight, d_bias
+
+
+@conv2d_backward.register_fake
+def _(d_out, x, weight, stride, padding, groups, output_mask):
+    d_x = torch.empty_like(x) if output_mask[0] else x.new_empty(0)
+    d_weight = torch.empty_like(weight) if output_mask[1] else x.new_empty(0)
+    d_bias = d_out.new_empty(weight.shape[0]) if output_mask[2] else x.new_empty(0)
+    return d_x, d_weight, d_bias
+
+
+def _setup(ctx, inputs, output):
+    x, weight, bias, stride, padding, groups = inputs
+    ctx.save_for_backward(x, weight)
+    ctx.stride, ctx.padding, ctx.groups, ctx.has_bias = stride, padding, groups, bias is not None
+
+
+def _grad(ctx, d_out):
+    x, weight = ctx.saved_tensors
+    needs = ctx.needs_input_grad
+    mask = [needs[0], needs[1], ctx.has_bias and needs[2]]
+    grads = conv2d_backward(d_out, x, weight, ctx.stride, ctx.padding, ctx.groups, mask)
+    return (*(g if needed else None for g, needed in zip(grads, mask)), None, None, None)
+
+
+conv2d_op.register_autograd(_grad, setup_context=_setup)
 
 
 def conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
@@ -128,11 +158,11 @@ def conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
            mode: str = 'fast') -> Tensor:
     """``F.conv2d(x, weight, bias, stride, padding, groups=groups)`` (no dilation, numeric
     padding); ``mode='fast'`` takes the CPU weight-gradient paths of the module docstring."""
-    mode = resolve_mode(mode)
+    mode = resolve_mode(mode, traceable=True)
     stride, padding = tuple(stride), tuple(padding)
     needs_grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (x, weight, bias))
     if (mode == 'reference' or not needs_grad or x.device.type != 'cpu'
             or torch.is_autocast_enabled('cpu')):
         return F.conv2d(x, weight, bias, stride, padding, 1, groups)
-    return _Conv2d.apply(x, weight, bias, stride, padding, groups)
+    return conv2d_op(x, weight, bias, list(stride), list(padding), groups)
