@@ -1,36 +1,195 @@
-"""torch.compile in training and inference: the tools' compiled feature extraction, eager updates.
+"""torch.compile in training and inference: the settings compiled calls need, whole-model and
+regional compilation, compiled feature extraction, eager optimizer updates.
 
-Inference: mmengine's ``compile=True`` compiles ``train_step`` only; testing stays eager.
-``tools/test.py``, ``tools/infer.py`` and ``tools/benchmark.py`` take ``--compile`` and call
-:func:`compile_feature_extraction` on the built model: ``extract_feat`` (backbone and neck, the
-part that holds the attention) is compiled; the heads and the post-processing stay eager.
+**Settings** (:func:`compile_settings`, read by dynamo and AOTAutograd while a call compiles):
 
-Sizes: inference meets many image sizes (keep-ratio resizes, slide windows, padded batches),
-and the backbones are size-agnostic, so the sizes are compiled dynamic (``dynamic=True``): one
-graph serves every size its guards admit. Dynamo still specialises a few facts (a square input,
-a conv's choice of algorithm by size), so a size sequence compiles a handful of graphs
-(``docs/speed.md`` gives the counts). Torch's default, once a function has recompiled
-``recompile_limit`` times, is to run it eager *silently*; here the limit is
-:data:`RECOMPILE_LIMIT` and hitting it raises an error that names the size and the limit, so a
-compiled run is compiled throughout or stops. :attr:`CompiledFeatureExtraction.compilations`
-counts the graphs compiled so far.
+* ``fail_on_recompile_limit_hit=True``: torch's default, once a function has recompiled
+  ``recompile_limit`` times, is to run it eager *silently*; here hitting the limit raises.
+* ``torch._functorch.config.recompute_views=True``: AOTAutograd recomputes view ops in the
+  backward instead of saving views. Works around an inductor bug (torch 2.11 to 2.14.1): a saved
+  activation that is a view (the channels-last view a depthwise conv reads, the head split of
+  the attention) is a forward-graph output, and ``GraphLowering.run_node`` orders its strides
+  with ``ir.get_stride_order(strides)`` without the shape env. With dynamic sizes the strides are
+  expressions of ``(H - 1) // 4`` and the like, sympy cannot order them, and the compile fails
+  with ``TypeError: cannot determine truth value of Relational``, at the second input size of a
+  training run (the first dynamic compile). Views are metadata: recomputing them costs nothing.
 
-Training: mmengine's ``compile=True`` compiles the whole ``train_step``, the optimizer's update
-included. Traced, ``optimizer.step`` fails on mmengine's param groups (``ConfigDict`` objects, which
-dynamo does not take for dicts) and, where it did not, would recompile whenever the scheduler
-changes the learning rate (a Python float dynamo specialises on). :func:`eager_optimizer_updates`
-(installed by :mod:`nala_mm.compat`) runs ``OptimWrapper.update_params`` outside the graph: the
-forward and the loss are compiled, their backward is AOTAutograd's compiled backward, and the
-update runs eager as it does without compilation.
+The project's entry points apply them around every compiled call; a plain ``torch.compile``
+of a model that trains at changing sizes needs them too: call it inside ``with
+compile_settings():``, or install :mod:`nala_mm.compat`, which sets ``recompute_views`` for the
+process (the tools do).
+
+**Whole model** (:func:`compile_model`) and **regional** (:func:`compile_regions`): the latter
+compiles the *class* of each repeated block once (NaLaFormer's :class:`NaLaBlock`, the stock
+blocks of the swapped Swin, MiT, PVTv2 and ViT) and lets every instance share its graphs, which
+cuts compile time (``docs/speed.md``); the stem, downsamples and heads stay eager.
+
+**Inference** (:func:`compile_feature_extraction`): mmengine's ``compile=True`` compiles
+``train_step`` only; ``tools/test.py``, ``tools/infer.py`` and ``tools/benchmark.py`` take
+``--compile`` and compile ``extract_feat`` (backbone and neck) with dynamic sizes: one graph
+serves every size its guards admit, and a size sequence compiles a handful of graphs
+(``docs/speed.md`` gives the counts).
+
+**Training under mmengine** (``tools/train.py --compile``): mmengine compiles the whole
+``train_step``, the optimizer's update included. Traced, ``optimizer.step`` fails on mmengine's
+param groups (``ConfigDict`` objects, which dynamo does not take for dicts) and, where it did
+not, would recompile whenever the scheduler changes the learning rate (a Python float dynamo
+specialises on). :func:`eager_optimizer_updates` (installed by :mod:`nala_mm.compat`) runs
+``OptimWrapper.update_params`` outside the graph: the forward and the loss are compiled, their
+backward is AOTAutograd's compiled backward, and the update runs eager.
 """
-from typing import Callable, Optional
+import contextlib
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 from mmengine.optim import OptimWrapper
 from torch import nn
 
-# compilations a compiled feature extraction may make (the first and its recompilations)
+# compilations a compiled function may make (the first and its recompilations)
 RECOMPILE_LIMIT = 8
+
+
+@contextlib.contextmanager
+def compile_settings(recompile_limit: int = RECOMPILE_LIMIT) -> Iterator[None]:
+    """The settings of the module docstring, for the calls made inside."""
+    if recompile_limit < 1:
+        raise ValueError(f'recompile_limit must be at least 1, got {recompile_limit}')
+    with torch._dynamo.config.patch(recompile_limit=recompile_limit,
+                                    fail_on_recompile_limit_hit=True), \
+            torch._functorch.config.patch(recompute_views=True):
+        yield
+
+
+class CompiledCall:
+    """A function compiled with ``torch.compile``, called under :func:`compile_settings`.
+
+    Args:
+        fn: what to compile (a module, a bound method, a function).
+        backend, mode, dynamic, fullgraph: as ``torch.compile``'s.
+        recompile_limit: compilations allowed before an error (none silently run eager).
+    """
+
+    def __init__(self, fn: Callable, backend: str = 'inductor', mode: Optional[str] = None,
+                 dynamic: Optional[bool] = None, fullgraph: bool = False,
+                 recompile_limit: int = RECOMPILE_LIMIT):
+        if recompile_limit < 1:
+            raise ValueError(f'recompile_limit must be at least 1, got {recompile_limit}')
+        self.eager = fn
+        self.recompile_limit = recompile_limit
+        self.compilations = 0
+        self._backend = torch._dynamo.lookup_backend(backend)
+        self._compiled = torch.compile(fn, backend=self._count_and_compile, mode=mode,
+                                       dynamic=dynamic, fullgraph=fullgraph)
+
+    def _count_and_compile(self, graph: torch.fx.GraphModule, example_inputs):
+        self.compilations += 1
+        return self._backend(graph, example_inputs)
+
+    def __call__(self, *args, **kwargs):
+        with compile_settings(self.recompile_limit):
+            try:
+                return self._compiled(*args, **kwargs)
+            except torch._dynamo.exc.FailOnRecompileLimitHit as error:
+                sizes = [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)]
+                raise RuntimeError(
+                    f'compiled call: input of size {sizes} needs a new graph after '
+                    f'{self.compilations} compilations, and recompile_limit is '
+                    f'{self.recompile_limit} (expected at most that many distinct size '
+                    'classes; raise recompile_limit, or run this size sequence eager)') from error
+
+
+def compile_model(model: nn.Module, backend: str = 'inductor', mode: Optional[str] = None,
+                  dynamic: Optional[bool] = None, fullgraph: bool = False,
+                  recompile_limit: int = RECOMPILE_LIMIT) -> CompiledCall:
+    """``model`` compiled whole, for training or inference at changing sizes: the returned
+    callable runs it (its parameters are the model's; the model itself stays eager)."""
+    return CompiledCall(model, backend, mode, dynamic, fullgraph, recompile_limit)
+
+
+def _region_classes() -> Tuple[type, ...]:
+    """The repeated blocks of the backbones the package builds or swaps (the stock classes of
+    the mmdet families only where mmdet imports)."""
+    from mmseg.models.backbones.mit import TransformerEncoderLayer as MiTLayer
+    from mmseg.models.backbones.swin import SwinBlock as SegSwinBlock
+    from mmseg.models.backbones.vit import TransformerEncoderLayer as ViTLayer
+
+    from .models.nalaformer import NaLaBlock
+    classes = [NaLaBlock, SegSwinBlock, MiTLayer, ViTLayer]
+    try:
+        from mmdet.models.backbones.pvt import PVTEncoderLayer
+        from mmdet.models.backbones.swin import SwinBlock as DetSwinBlock
+        classes += [DetSwinBlock, PVTEncoderLayer]
+    except ImportError:
+        pass
+    return tuple(classes)
+
+
+def region_modules(model: nn.Module) -> List[nn.Module]:
+    """The repeated blocks inside ``model`` (outermost first; a block's own sub-blocks are not
+    counted again)."""
+    classes, found = _region_classes(), []
+    for module in model.modules():
+        if isinstance(module, classes) and not any(module in set(f.modules()) for f in found):
+            found.append(module)
+    return found
+
+
+class CompiledRegions:
+    """What :func:`compile_regions` compiled: per block class, one compiled forward shared by
+    its instances. ``compilations`` counts the graphs made so far, over every class."""
+
+    def __init__(self, compiled: Dict[type, CompiledCall], blocks: int):
+        self.compiled, self.blocks = compiled, blocks
+
+    @property
+    def compilations(self) -> int:
+        return sum(c.compilations for c in self.compiled.values())
+
+    def __repr__(self) -> str:
+        names = ', '.join(cls.__name__ for cls in self.compiled)
+        return f'CompiledRegions({self.blocks} blocks of {names})'
+
+
+def compile_regions(model: nn.Module, backend: str = 'inductor', mode: Optional[str] = None,
+                    dynamic: Optional[bool] = None,
+                    recompile_limit: int = RECOMPILE_LIMIT) -> CompiledRegions:
+    """Compile the repeated blocks of ``model`` in place, one compiled forward per block class.
+
+    Every instance calls its class's compiled ``forward`` with itself as the first argument, so
+    blocks of one shape share a graph (dynamo lifts their parameters to inputs). Blocks of
+    different shapes (a hierarchical backbone's stages) make a graph each, and so does each
+    size class of the input: ``recompile_limit`` is per block class *and* distinct block
+    configuration, scaled here by the number of distinct (class, parameter shapes) pairs.
+    Parameters, names and the state dict are untouched; the rest of the model runs eager.
+    """
+    blocks = region_modules(model)
+    if not blocks:
+        raise TypeError(f'{type(model).__name__} holds none of the repeated blocks regional '
+                        f'compilation knows: {[c.__name__ for c in _region_classes()]}')
+    configurations: Dict[type, set] = {}
+    for block in blocks:
+        configurations.setdefault(type(block), set()).add(
+            tuple((name, tuple(p.shape)) for name, p in block.named_parameters()))
+    compiled = {cls: CompiledCall(cls.forward, backend, mode, dynamic,
+                                  recompile_limit=recompile_limit * len(shapes))
+                for cls, shapes in configurations.items()}
+    for block in blocks:
+        if 'forward' in vars(block):
+            raise RuntimeError(f'{type(block).__name__} at {id(block):#x} is compiled already '
+                               '(its forward is set on the instance)')
+        block.forward = _BoundRegion(compiled[type(block)], block)
+    return CompiledRegions(compiled, len(blocks))
+
+
+class _BoundRegion:
+    """A block's compiled forward: the class's compiled function with the block as ``self``
+    (a plain object, not a ``functools.partial``, so that ``vars(block)`` shows it)."""
+
+    def __init__(self, compiled: CompiledCall, block: nn.Module):
+        self.compiled, self.block = compiled, block
+
+    def __call__(self, *args, **kwargs):
+        return self.compiled(self.block, *args, **kwargs)
 
 
 def feature_extractor(model: nn.Module) -> nn.Module:
@@ -46,58 +205,19 @@ def feature_extractor(model: nn.Module) -> nn.Module:
     return inner
 
 
-class CompiledFeatureExtraction:
-    """``extract_feat`` compiled, called with the recompile limit in force.
-
-    Args:
-        extract_feat: the bound method to compile.
-        backend, mode, dynamic, fullgraph: as ``torch.compile``'s.
-        recompile_limit: compilations allowed before an error (none silently run eager).
-    """
-
-    def __init__(self, extract_feat: Callable, backend: str = 'inductor',
-                 mode: Optional[str] = None, dynamic: Optional[bool] = True,
-                 fullgraph: bool = False, recompile_limit: int = RECOMPILE_LIMIT):
-        if recompile_limit < 1:
-            raise ValueError(f'recompile_limit must be at least 1, got {recompile_limit}')
-        self.eager = extract_feat
-        self.recompile_limit = recompile_limit
-        self.compilations = 0
-        self._backend = torch._dynamo.lookup_backend(backend)
-        self._compiled = torch.compile(extract_feat, backend=self._count_and_compile, mode=mode,
-                                       dynamic=dynamic, fullgraph=fullgraph)
-
-    def _count_and_compile(self, graph: torch.fx.GraphModule, example_inputs):
-        self.compilations += 1
-        return self._backend(graph, example_inputs)
-
-    def __call__(self, inputs: torch.Tensor):
-        # read by dynamo when it meets a frame, i.e. during the call
-        with torch._dynamo.config.patch(recompile_limit=self.recompile_limit,
-                                        fail_on_recompile_limit_hit=True):
-            try:
-                return self._compiled(inputs)
-            except torch._dynamo.exc.FailOnRecompileLimitHit as error:
-                raise RuntimeError(
-                    f'compiled feature extraction: input of size {tuple(inputs.shape)} needs a '
-                    f'new graph after {self.compilations} compilations, and recompile_limit is '
-                    f'{self.recompile_limit} (expected at most that many distinct size classes; '
-                    'raise recompile_limit, or run this size sequence eager)') from error
-
-
 def compile_feature_extraction(model: nn.Module, backend: str = 'inductor',
                                mode: Optional[str] = None, dynamic: Optional[bool] = True,
                                fullgraph: bool = False,
-                               recompile_limit: int = RECOMPILE_LIMIT) -> CompiledFeatureExtraction:
+                               recompile_limit: int = RECOMPILE_LIMIT) -> CompiledCall:
     """Replace ``extract_feat`` of the segmentor or detector in ``model`` by a compiled one, on
     the instance (the parameters, their names and the state dict are untouched: checkpoints
     stay interchangeable with eager ones). Returns the compiled callable (its
     ``compilations`` count the graphs made)."""
     inner = feature_extractor(model)
-    if isinstance(inner.extract_feat, CompiledFeatureExtraction):
+    if isinstance(inner.extract_feat, CompiledCall):
         raise RuntimeError(f'the feature extraction of {type(inner).__name__} is compiled already')
-    compiled = CompiledFeatureExtraction(inner.extract_feat, backend, mode, dynamic, fullgraph,
-                                         recompile_limit)
+    compiled = CompiledCall(inner.extract_feat, backend, mode, dynamic, fullgraph,
+                            recompile_limit)
     inner.extract_feat = compiled
     return compiled
 

@@ -12,9 +12,9 @@ def conv_tokens(conv: nn.Module, tokens: Tensor) -> Tensor:
 
 
 class TokenConv2d(nn.Conv2d):
-    """``nn.Conv2d`` (same parameters and names) whose training backward takes the faster CPU
-    weight-gradient paths of :mod:`nala_mm.ops.fused.conv_weight_grad` for channels-last inputs
-    (``mode='fast'``; ``'reference'`` is ``F.conv2d``)."""
+    """``nn.Conv2d`` (same parameters and names) that trains through the custom op of
+    :mod:`nala_mm.ops.fused.conv_weight_grad` (``mode='fast'``: one node under
+    ``torch.compile``, the faster CPU weight gradients; ``'reference'`` is ``F.conv2d``)."""
 
     def __init__(self, *args, mode: str = 'fast', **kwargs):
         super().__init__(*args, **kwargs)
@@ -35,9 +35,11 @@ class ResidualDepthwiseConv(nn.Conv2d):
     their names are the plain conv's, so checkpoints load unchanged.
     """
 
-    def __init__(self, channels: int, kernel_size: int = 3):
+    def __init__(self, channels: int, kernel_size: int = 3, mode: str = 'fast'):
         super().__init__(channels, channels, kernel_size, padding=kernel_size // 2,
                          groups=channels)
+        resolve_mode(mode)  # validates
+        self.mode = mode
         identity = torch.zeros(1, 1, kernel_size, kernel_size)
         identity[..., kernel_size // 2, kernel_size // 2] = 1.0
         self.register_buffer('identity', identity, persistent=False)
@@ -46,4 +48,5 @@ class ResidualDepthwiseConv(nn.Conv2d):
         return self.weight + self.identity
 
     def forward(self, x: Tensor) -> Tensor:
-        return self._conv_forward(x, self.kernel(), self.bias)
+        return conv2d(x, self.kernel(), self.bias, self.stride, self.padding, self.groups,
+                      mode=self.mode)

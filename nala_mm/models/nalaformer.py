@@ -116,7 +116,7 @@ class ConvFFN(nn.Module):
         resolve_mode(mode)  # validates
         self.mode = mode
         self.fc1 = nn.Linear(channels, hidden)
-        self.dwconv = ResidualDepthwiseConv(hidden)
+        self.dwconv = ResidualDepthwiseConv(hidden, mode=mode)
         self.fc2 = nn.Linear(hidden, channels)
 
     def forward(self, tokens: Tensor) -> Tensor:
@@ -140,10 +140,10 @@ class NaLaBlock(nn.Module):
     def __init__(self, channels: int, num_heads: int, mlp_ratio: float, mixer_cfg: dict,
                  layer_scale_init: float, drop_path: float, with_cp: bool, mode: str = 'fast'):
         super().__init__()
-        self.cpe1 = ResidualDepthwiseConv(channels)  # x + dwconv(x)
+        self.cpe1 = ResidualDepthwiseConv(channels, mode=mode)  # x + dwconv(x)
         self.norm1 = TokenNorm(channels, BLOCK_NORM_CFG)
         self.attn = build_mixer(mixer_cfg, channels, num_heads, mode)
-        self.cpe2 = ResidualDepthwiseConv(channels)
+        self.cpe2 = ResidualDepthwiseConv(channels, mode=mode)
         self.norm2 = TokenNorm(channels, BLOCK_NORM_CFG)
         self.ffn = ConvFFN(channels, int(channels * mlp_ratio), mode)
         # (1, C, 1, 1) as in the authors' checkpoints; applied over the tokens' last dim
@@ -205,12 +205,12 @@ class Downsample(nn.Module):
 class PatchEmbed(nn.Module):
     """Stride-4 conv stem: 3x3/s2, 3x3, 3x3, 3x3/s2 (indices 0..10 as in the authors' code)."""
 
-    def __init__(self, in_channels: int, out_channels: int, norm_cfg: dict):
+    def __init__(self, in_channels: int, out_channels: int, norm_cfg: dict, mode: str = 'fast'):
         super().__init__()
         mid = out_channels // 2
 
         def conv_bn(cin: int, cout: int, stride: int):
-            return [nn.Conv2d(cin, cout, 3, stride=stride, padding=1),
+            return [TokenConv2d(cin, cout, 3, stride=stride, padding=1, mode=mode),
                     build_norm_layer(norm_cfg, cout)[1]]
 
         self.proj = nn.Sequential(
@@ -286,7 +286,7 @@ class NaLaFormer(BaseModule):
         self.norm_eval = norm_eval
         self.mode = mode
 
-        self.patch_embed = PatchEmbed(in_channels, self.embed_dims[0], norm_cfg)
+        self.patch_embed = PatchEmbed(in_channels, self.embed_dims[0], norm_cfg, mode)
         depths = settings['depths']
         # on the CPU whatever the default device (a model built on 'meta' for its shapes)
         drop_rates = torch.linspace(0, drop_path_rate, sum(depths), device='cpu').tolist()

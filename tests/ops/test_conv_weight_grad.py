@@ -83,9 +83,9 @@ def fast_node_calls(monkeypatch):
 
 
 def test_block_convs_take_the_fast_node_only_when_a_gradient_is_needed(fast_node_calls):
-    """With gradients on and trainable weights the LePE and downsample convs run the fast node;
-    without gradients (inference), with frozen weights and under autocast they run plain
-    ``F.conv2d``; every route gives F.conv2d's numbers."""
+    """With gradients on and trainable weights the LePE and downsample convs run the fast op
+    (under autocast too, on inputs cast to autocast's dtype); without gradients (inference) and
+    with frozen weights they run plain ``F.conv2d``; every route gives F.conv2d's numbers."""
     model = NaLaFormer(arch=dict(embed_dims=(8, 16, 16, 16), depths=(1, 1, 1, 1),
                                  num_heads=(1, 1, 1, 1)), mixers=('nala',) * 4)
     x = torch.randn(1, 8, 12, 12).contiguous(memory_format=torch.channels_last)
@@ -104,21 +104,27 @@ def test_block_convs_take_the_fast_node_only_when_a_gradient_is_needed(fast_node
         out = conv(x)
         conv.requires_grad_(True)
         assert out.grad_fn is None and torch.equal(out, want)
-        with torch.autocast('cpu', dtype=torch.bfloat16):
-            assert conv(x).dtype == torch.bfloat16
         assert fast_node_calls == []
+        with torch.autocast('cpu', dtype=torch.bfloat16):
+            got = conv(x)
+            want = F.conv2d(x, conv.weight, conv.bias, conv.stride, conv.padding, 1, conv.groups)
+        assert got.dtype == want.dtype == torch.bfloat16 and torch.equal(got, want)
+        assert fast_node_calls == [tuple(conv.weight.shape)]
         assert sorted(name for name, _ in conv.named_parameters()) == ['bias', 'weight']
 
 
 def test_inference_forward_of_the_backbone_never_takes_the_fast_node(fast_node_calls):
-    """Each TokenConv2d takes the fast node once per forward with gradients on, in eval mode
-    too (the switch is the gradient, not the mode), and never under ``no_grad``; same
-    outputs either way."""
-    from nala_mm.models.depthwise import TokenConv2d
+    """Each conv of the backbone but the FFN's (which runs in gelu_conv) takes the fast op
+    once per forward with gradients on, in eval mode too (the switch is the gradient, not the
+    mode), and never under ``no_grad``; same outputs either way."""
+    from nala_mm.models.depthwise import ResidualDepthwiseConv, TokenConv2d
     model = NaLaFormer(arch=dict(embed_dims=(8, 16, 16, 16), depths=(1, 1, 1, 1),
                                  num_heads=(1, 1, 1, 1))).eval()
-    token_convs = [tuple(m.weight.shape) for m in model.modules() if isinstance(m, TokenConv2d)]
-    assert len(token_convs) == 4 + 3  # a LePE per block, a downsample after stages 1-3
+    token_convs = [tuple(m.weight.shape) for name, m in model.named_modules()
+                   if isinstance(m, (TokenConv2d, ResidualDepthwiseConv))
+                   and not name.endswith('ffn.dwconv')]
+    # a LePE and two CPEs per block, a downsample after stages 1-3, the stem's four
+    assert len(token_convs) == 3 * 4 + 3 + 4
     image = torch.randn(1, 3, 64, 64)
     with_grad = model(image)
     assert sorted(fast_node_calls) == sorted(token_convs)

@@ -13,9 +13,9 @@ for those two (timings: ``benchmarks/speed/conv_weight_grad.py``, docs/speed.md)
   and is kept.
 
 ``mode='fast'`` runs the forward as ``F.conv2d`` in one custom op, ``nala_mm::conv2d``, whose
-backward op picks those paths (``torch.compile`` keeps both as nodes); ``'reference'`` is
-``F.conv2d`` differentiated by autograd. Same numbers (sums in another order). Off CPU, under
-autocast, without gradients or while exporting, both are ``F.conv2d``.
+backward op picks those paths on CPU in float32 and ATen's elsewhere (``torch.compile`` keeps
+both as nodes); ``'reference'`` is ``F.conv2d`` differentiated by autograd. Same numbers (sums
+in another order). Without gradients or while exporting, both are ``F.conv2d``.
 """
 from typing import List, Optional, Sequence, Tuple
 
@@ -100,13 +100,16 @@ def conv_weight_grad(d_out: Tensor, x: Tensor, weight: Tensor, stride: Tuple[int
 @torch.library.custom_op('nala_mm::conv2d', mutates_args=())
 def conv2d_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride: List[int],
               padding: List[int], groups: int) -> Tensor:
-    """``F.conv2d`` (no dilation); its backward op takes the paths of the module docstring."""
-    return F.conv2d(x, weight, bias, stride, padding, 1, groups)
+    """``F.conv2d`` (no dilation) in the inputs' dtype; its backward op takes the paths of the
+    module docstring."""
+    with torch.autocast(x.device.type, enabled=False):
+        return F.conv2d(x, weight, bias, stride, padding, 1, groups)
 
 
 @conv2d_op.register_fake
 def _(x, weight, bias, stride, padding, groups):
-    return F.conv2d(x, weight, bias, stride, padding, 1, groups)
+    with torch.autocast(x.device.type, enabled=False):
+        return F.conv2d(x, weight, bias, stride, padding, 1, groups)
 
 
 @torch.library.custom_op('nala_mm::conv2d_backward', mutates_args=())
@@ -114,17 +117,23 @@ def conv2d_backward(d_out: Tensor, x: Tensor, weight: Tensor, stride: List[int],
                     padding: List[int], groups: int,
                     output_mask: List[bool]) -> Tuple[Tensor, Tensor, Tensor]:
     """Gradients of x, the weight and the bias; an output ``output_mask`` leaves out is an empty
-    tensor."""
+    tensor. Float32 on CPU takes the weight-gradient paths of the module docstring, everything
+    else ATen's ``convolution_backward``."""
     d_x, d_weight, d_bias = (x.new_empty(0) for _ in range(3))  # distinct: outputs never alias
-    if output_mask[0]:
-        d_x = laid_out_like(_convolution_backward(
-            d_out, x, weight, None, list(stride), list(padding), [1, 1], False, [0, 0], groups,
-            [True, False, False])[0], x)
-    if output_mask[1]:
-        d_weight = laid_out_like(conv_weight_grad(d_out, x, weight, tuple(stride),
-                                                  tuple(padding), groups), weight)
-    if output_mask[2]:
-        d_bias = d_out.sum((0, 2, 3))
+    fast_weight_grad = x.device.type == 'cpu' and x.dtype == torch.float32
+    with torch.autocast(x.device.type, enabled=False):
+        d_x_aten, d_weight_aten, d_bias_aten = _convolution_backward(
+            d_out, x, weight, [weight.shape[0]], list(stride), list(padding), [1, 1], False,
+            [0, 0], groups,
+            [output_mask[0], output_mask[1] and not fast_weight_grad, output_mask[2]])
+        if output_mask[0]:
+            d_x = laid_out_like(d_x_aten, x)
+        if output_mask[1]:
+            d_weight = laid_out_like(
+                conv_weight_grad(d_out, x, weight, tuple(stride), tuple(padding), groups)
+                if fast_weight_grad else d_weight_aten, weight)
+        if output_mask[2]:
+            d_bias = d_bias_aten
     return d_x, d_weight, d_bias
 
 
@@ -153,16 +162,29 @@ def _grad(ctx, d_out):
 conv2d_op.register_autograd(_grad, setup_context=_setup)
 
 
+def autocast_inputs(*tensors: Optional[Tensor]) -> Tuple[Optional[Tensor], ...]:
+    """``tensors`` in the dtype autocast gives a convolution on their device (unchanged without
+    autocast): the custom ops compute in their inputs' dtype, so the cast autocast would make
+    inside ``F.conv2d`` is made here, in the caller's graph."""
+    device = next(t for t in tensors if t is not None).device.type
+    if not torch.is_autocast_enabled(device):
+        return tensors
+    dtype = torch.get_autocast_dtype(device)
+    return tuple(None if t is None else t.to(dtype) for t in tensors)
+
+
 def conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
            stride: Sequence[int] = (1, 1), padding: Sequence[int] = (0, 0), groups: int = 1,
            mode: str = 'fast') -> Tensor:
     """``F.conv2d(x, weight, bias, stride, padding, groups=groups)`` (no dilation, numeric
-    padding); ``mode='fast'`` takes the CPU weight-gradient paths of the module docstring."""
+    padding). ``mode='fast'`` runs the custom op when a gradient is needed: compiled, inductor
+    keeps it as a node (its own convolution backward lowering specialises on the input size;
+    the op's does not), and on CPU in float32 its backward takes the weight-gradient paths of
+    the module docstring."""
     mode = resolve_mode(mode, traceable=True)
     stride, padding = tuple(stride), tuple(padding)
     needs_grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (x, weight, bias))
-    if (mode == 'reference' or not needs_grad or x.device.type != 'cpu'
-            or torch.is_autocast_enabled('cpu')):
+    if mode == 'reference' or not needs_grad:
         return F.conv2d(x, weight, bias, stride, padding, 1, groups)
-    return conv2d_op(x, weight, bias, list(stride), list(padding), groups)
+    return conv2d_op(*autocast_inputs(x, weight, bias), list(stride), list(padding), groups)

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..mode import resolve_mode
+from .conv_weight_grad import autocast_inputs
 from .layout import laid_out_like
 
 
@@ -95,4 +96,4 @@ def gelu_conv(a: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
     if (resolve_mode(mode, traceable=True) == 'reference' or not torch.is_grad_enabled()
             or not needs_grad):
         return F.conv2d(F.gelu(a), weight, bias, padding=tuple(padding), groups=groups)
-    return gelu_conv_op(a, weight, bias, list(padding), groups)
+    return gelu_conv_op(*autocast_inputs(a, weight, bias), list(padding), groups)
