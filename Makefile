@@ -7,7 +7,7 @@ export PYTHONUNBUFFERED := 1
 	clean-demo longrange-data bench backbone-bench segmentor-bench swap-bench vit-bench \
 	vit-cityscapes-bench vitdet-bench amp-bench conv-bench deploy-bench compile-bench ablation out-norm-study swap-study \
 	linearize linearize-choices linearize-iterations linearize-vitdet demo-results longrange \
-	longrange-graded flops-table
+	longrange-graded flops-table gpu-wheels
 
 setup:
 	@bash tools/setup_env.sh
@@ -38,6 +38,12 @@ test-e2e: setup
 # parity tests on CUDA, float64 formulas, fast vs reference, fp16 autocast.
 test-cuda: setup
 	$(PY) -m pytest tests -q -p no:cacheprovider -m cuda
+
+# The wheels of the GPU check (benchmarks/gpu_check.py) into .gpu_wheels/: carry/ travels to a GPU
+# machine without network; machine/ is that machine's own packages, for the rehearsal in
+# test-extended (tests/test_gpu_check.py). About 2.7 GB, once.
+gpu-wheels:
+	bash tools/fetch_gpu_wheels.sh
 
 # Main job on the embedded default: synthetic ADE20K-layout data -> UperNet + NaLaFormer -> mIoU.
 demo: setup

@@ -49,15 +49,30 @@ from torch import nn
 RECOMPILE_LIMIT = 8
 
 
+def _settings(recompile_limit: int) -> List[Tuple[object, dict]]:
+    """The settings of the module docstring: (torch config module, values) pairs."""
+    if recompile_limit < 1:
+        raise ValueError(f'recompile_limit must be at least 1, got {recompile_limit}')
+    return [(torch._dynamo.config, dict(recompile_limit=recompile_limit,
+                                        fail_on_recompile_limit_hit=True)),
+            (torch._functorch.config, dict(recompute_views=True))]
+
+
 @contextlib.contextmanager
 def compile_settings(recompile_limit: int = RECOMPILE_LIMIT) -> Iterator[None]:
     """The settings of the module docstring, for the calls made inside."""
-    if recompile_limit < 1:
-        raise ValueError(f'recompile_limit must be at least 1, got {recompile_limit}')
-    with torch._dynamo.config.patch(recompile_limit=recompile_limit,
-                                    fail_on_recompile_limit_hit=True), \
-            torch._functorch.config.patch(recompute_views=True):
+    with contextlib.ExitStack() as stack:
+        for config, values in _settings(recompile_limit):
+            stack.enter_context(config.patch(**values))
         yield
+
+
+def apply_compile_settings(recompile_limit: int = RECOMPILE_LIMIT) -> None:
+    """:func:`compile_settings` for the rest of the process: for a tool whose compiled calls
+    another library makes (mmengine's compiled ``train_step``)."""
+    for config, values in _settings(recompile_limit):
+        for name, value in values.items():
+            setattr(config, name, value)
 
 
 class CompiledCall:
@@ -72,8 +87,7 @@ class CompiledCall:
     def __init__(self, fn: Callable, backend: str = 'inductor', mode: Optional[str] = None,
                  dynamic: Optional[bool] = None, fullgraph: bool = False,
                  recompile_limit: int = RECOMPILE_LIMIT):
-        if recompile_limit < 1:
-            raise ValueError(f'recompile_limit must be at least 1, got {recompile_limit}')
+        _settings(recompile_limit)  # validates
         self.eager = fn
         self.recompile_limit = recompile_limit
         self.compilations = 0

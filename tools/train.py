@@ -1,15 +1,19 @@
 """Train any mmseg or mmdet config with mmengine's Runner (the upstream tools' CLI).
 
     python tools/train.py configs/ade20k_nala_upernet.py [--work-dir DIR] [--amp] [--resume [CKPT]]
-                          [--compile]
+                          [--compile [whole|regional]]
     torchrun --nproc_per_node=2 tools/train.py CONFIG --launcher pytorch
 
 ``--auto-scale-lr`` (as mmdet's train.py): the learning rate is scaled by the run's total batch
 (processes x ``train_dataloader.batch_size``) over the recipe's ``auto_scale_lr.base_batch_size``
 (mmengine's Runner does the scaling), e.g. 4 GPUs x 2 images on a 16-image recipe halve it.
 
-``--compile`` sets the config's ``compile=True``: mmengine compiles the model's ``train_step``
-with ``torch.compile`` (inductor); validation stays eager, and checkpoints are the eager
+``--compile`` (or ``--compile whole``) sets the config's ``compile=True``: mmengine compiles the
+model's ``train_step`` with ``torch.compile`` (inductor). ``--compile regional`` compiles each
+repeated block class of the backbone once instead (:func:`nala_mm.compile.compile_regions`):
+a fraction of the compile time, the rest eager. Either way the process runs under
+:func:`nala_mm.compile.apply_compile_settings` (changing input sizes train; the recompile limit
+raises instead of falling back to eager), validation stays eager, and checkpoints are the eager
 model's (no ``_orig_mod.`` prefix). ``docs/speed.md`` says what compiles and what it gains.
 """
 import argparse
@@ -21,6 +25,7 @@ from mmengine.runner import Runner
 
 from nala_mm import compat
 from nala_mm.amp import enable_amp
+from nala_mm.compile import apply_compile_settings, compile_regions
 from nala_mm.config_loading import enable_auto_scale_lr, load_config
 
 # the host changes this tool relies on (weights-only resume, atomic checkpoints, CPU torchrun,
@@ -40,8 +45,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument('--auto-scale-lr', action='store_true',
                         help="scale the learning rate by the total batch over the config's "
                              'auto_scale_lr.base_batch_size (the recipe\'s batch)')
-    parser.add_argument('--compile', action='store_true',
-                        help="torch.compile the training step (the config's compile=True)")
+    parser.add_argument('--compile', nargs='?', const='whole', choices=['whole', 'regional'],
+                        help="torch.compile the training step (whole: the config's "
+                             'compile=True) or each repeated block class of the backbone once '
+                             '(regional)')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction,
                         help='override config settings, e.g. train_cfg.max_iters=100')
     parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
@@ -56,7 +63,7 @@ def build_config(args: argparse.Namespace) -> Config:
     cfg = load_config(args.config, args.launcher, args.cfg_options, args.work_dir)
     if args.amp:
         enable_amp(cfg)
-    if args.compile:
+    if args.compile == 'whole':
         cfg.compile = True
     if args.auto_scale_lr:
         enable_auto_scale_lr(cfg)
@@ -70,8 +77,14 @@ def build_config(args: argparse.Namespace) -> Config:
 
 
 def main() -> None:
-    cfg = build_config(parse_args())
+    args = parse_args()
+    cfg = build_config(args)
+    if args.compile:
+        apply_compile_settings()
     runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
+    if args.compile == 'regional':
+        regions = compile_regions(runner.model)
+        runner.logger.info(f'compiled regionally: {regions}')
     runner.train()
 
 

@@ -12,7 +12,8 @@ one round, and a case of one model is timed by the call its memory process makes
 The benchmark's own module is the child: started as ``python -m MODULE --case JSON``, it answers
 with :func:`grid_case` and a ``make_step(model, case)`` that returns one call to measure. A step
 that carries a ``setup_s`` attribute (seconds ``make_step`` spent on its first call, e.g.
-compiling it) has it recorded in its row, from the memory process (the first to build it).
+compiling it) has it recorded in its row, from the memory process (the first to build it), and
+as ``warm_setup_s`` from the timing process (built again, with the caches the first left).
 
     rows = run_grid(__spec__.name, cases, repeats=3, warmup=1, device='cpu')
 """
@@ -101,6 +102,8 @@ def run_grid(module: str, cases: Sequence[Case], *, repeats: int, warmup: int, d
             result = timing.get(row['model'], {})
             row.update(ms=result.get('median_ms'), ms_best=result.get('best_ms'),
                        ms_ratio=result.get('ms_ratio'), times_ms=result.get('times_ms'))
+            if 'setup_s' in result:  # the first call again, in a second process: warm caches
+                row['warm_setup_s'] = result['setup_s']
             if 'error' in timing:
                 row['error'] = timing['error']
         for row in mine:  # every row has the time fields (None where nothing was timed)
@@ -132,8 +135,14 @@ def grid_case(case: dict, make_step: MakeStep) -> dict:
         return dict(peak_mib=peak, **single, **setup)
     if case['repeats'] == 1 and case['warmup'] == 0:  # too long for rounds: one call each
         calls = {name: median_ms(step, 1, device, warmup=0) for name, step in steps.items()}
-        return {name: dict(median_ms=ms, best_ms=ms, times_ms=[ms]) for name, ms in calls.items()}
-    return in_turns(steps, case.get('reference'), case['repeats'], case['warmup'], device)
+        result = {name: dict(median_ms=ms, best_ms=ms, times_ms=[ms])
+                  for name, ms in calls.items()}
+    else:
+        result = in_turns(steps, case.get('reference'), case['repeats'], case['warmup'], device)
+    for name, step in steps.items():
+        if hasattr(step, 'setup_s'):
+            result[name]['setup_s'] = step.setup_s
+    return result
 
 
 def grid_cli(doc: str, name: str, make_step: MakeStep,

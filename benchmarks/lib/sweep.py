@@ -56,20 +56,24 @@ def grid_step(make_step: MakeStep) -> GridStep:
                                         case['device'])
 
 
-def backbone_step(model: torch.nn.Module, image: torch.Tensor, mode: str) -> Step:
+def backbone_step(model: torch.nn.Module, image: torch.Tensor, mode: str,
+                  call: Optional[Callable] = None) -> Step:
     """One call of a backbone: eval-mode inference without gradients (``'fwd'``), or the
-    forward and the backward of the sum of its outputs in train mode (``'train'``)."""
+    forward and the backward of the sum of its outputs in train mode (``'train'``). ``call``
+    runs the model instead of calling it (its compiled form); ``model`` keeps the parameters
+    and the train/eval mode."""
+    call = model if call is None else call
     if mode == 'fwd':
         model.eval()  # not chained: mmseg's Swin and ViT return None from train()
 
         def forward() -> None:
             with torch.no_grad():
-                model(image)
+                call(image)
         return forward
     model.train()
 
     def train_step() -> None:
-        sum(out.sum() for out in model(image)).backward()
+        sum(out.sum() for out in call(image)).backward()
         model.zero_grad(set_to_none=True)
     return train_step
 

@@ -55,15 +55,16 @@ def with_released_mixers(backbone: nn.Module) -> nn.Module:
     return backbone
 
 
-def build_backbone(name: str) -> nn.Module:
+def build_backbone(name: str, mode: str = 'fast') -> nn.Module:
+    """A model of :data:`BACKBONES`; a NaLaFormer's ops take ``mode``."""
     if name == 'swin_t':
         from mmseg.models.backbones import SwinTransformer
         return SwinTransformer(embed_dims=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24),
                                window_size=7, out_indices=(0, 1, 2, 3))
     nala = dict(type='NormAwareLinearAttention', kernel='relu')
     if name == 'nala_t_hybrid':
-        return NaLaFormer(arch='t', mixers=(nala, nala, 'softmax', 'softmax'))
-    all_linear = NaLaFormer(arch='t', mixers=(nala,) * 4)
+        return NaLaFormer(arch='t', mixers=(nala, nala, 'softmax', 'softmax'), mode=mode)
+    all_linear = NaLaFormer(arch='t', mixers=(nala,) * 4, mode=mode)
     return all_linear if name == 'nala_t_linear' else with_released_mixers(all_linear)
 
 

@@ -1,39 +1,42 @@
-"""torch.compile benchmark: what inductor gains over eager, and how many graphs the sizes a user
+"""torch.compile benchmark: compiled against eager for the NaLa layer, its ops and the models, the
+compile time (cold and warm, whole-model and regional), and how many graphs the sizes a user
 meets compile.
 
-Parts (``--parts``; each run replaces its parts' rows in the JSON and keeps the others'):
+Engines (the model's ``@`` suffix): ``eager`` / ``fast`` the hand-written custom ops run eager;
+``reference`` the plain formulas, eager; ``compiled`` the model compiled whole (inductor, static
+shapes: one training size) with ``mode='fast'``, i.e. the custom ops as nodes of the graph;
+``compiled-reference`` the reference formulas compiled, which inductor fuses itself;
+``regional`` each repeated block class compiled once (:func:`nala_mm.compile.compile_regions`).
+
+Parts (``--parts``; each run replaces its parts' rows in the JSON and keeps the others', with the
+code version each part ran on):
 
 * ``recompiles``: graphs compiled by :func:`nala_mm.compile.compile_feature_extraction` (dynamic
-  sizes, dynamo's graph capture with ``backend='eager'``: the guards, without code generation)
-  over each size sequence of :data:`nala_mm.analysis.recompiles.SIZE_SEQUENCES`, after each
-  size;
+  sizes, dynamo's graph capture with ``backend='eager'``) over each size sequence of
+  :data:`nala_mm.analysis.recompiles.SIZE_SEQUENCES`, after each size;
 * ``layer``: the NaLa layer (NaLaFormer-T's stage-1 shape, C = 64, one head, channels-last
-  tokens), forward + backward at 4,096 and 16,384 tokens: eager reference (plain ops), eager
-  fast (the hand-written nodes) and compiled (inductor, which takes the reference formula); on
-  CUDA also global softmax through SDPA (FlashAttention), compiled, and ``--layer-sides 128 256``
-  reaches 65,536 tokens;
-* ``nodes``: each hand-written node of ``nala_mm/ops`` at NaLaFormer-T's stage-1 training shapes
-  (a 512² crop, batch 2: 128 x 128 tokens, C = 64), forward + backward: eager fast, eager
-  reference and the compiled reference. The page's keep / remove table applies the rule a node
-  earns its place by: at least 5 % faster than the eager reference (median per-round time
-  ratio) or at least 10 % less peak memory, in the op alone or in a model;
-* ``nodes_model``: the same nodes in a model, the all-linear NaLaFormer-T's training step (512²,
-  batch 2) with every node fast against the step with one node on its reference formula (that
-  op module's ``resolve_mode`` answers ``'reference'`` during the step): what a node keeps for
-  the backward adds up over the depth of a network, which the op alone does not show;
-* ``backbone``: the all-linear NaLaFormer-T against Swin-T, each eager and compiled: the
-  training step (batch 2) at 512² and 1024², the forward at 2048²;
-* ``vit``: NaLa ViT-S / ViT-B against the same ViT with fused SDPA, both compiled: forward at
-  1024² and 2048²;
+  tokens), forward + backward at 4,096 and 16,384 tokens; on CUDA also global softmax through
+  SDPA, compiled, and ``--layer-sides 128 256`` reaches 65,536 tokens;
+* ``nodes``: each custom op of ``nala_mm/ops`` at NaLaFormer-T's stage-1 training shapes (a 512²
+  crop, batch 2: 128 x 128 tokens, C = 64), forward + backward. The page's keep / remove table
+  applies the rule an op earns its place by: at least 5 % faster than the eager reference
+  (median per-round time ratio) or at least 10 % less peak memory, in the op alone or in a model;
+* ``nodes_model``: the all-linear NaLaFormer-T's training step (512², batch 2) with every op fast
+  against the step with one op on its reference formula;
+* ``backbone``: the all-linear NaLaFormer-T (eager, reference, compiled, regional) against
+  Swin-T (eager, compiled, regional): the training step (batch 2) at 512² and 1024², the forward
+  at 2048²;
+* ``vit``: NaLa ViT-S / ViT-B (eager, reference, compiled) against the same ViT with fused SDPA,
+  compiled: the training step at 512² and 1024², the forward at 2048²;
 * ``upernet``: UperNet + all-linear NaLaFormer-T against UperNet + Swin-T, both with their
   feature extraction compiled (the tools' ``--compile``): inference at 2048².
 
-Compiled models are compiled with static sizes in their own process (training compiles one
-shape) and called once before measuring; that first call's seconds are the row's ``setup_s``,
-taken in the memory process with an empty inductor cache (the timing process then reuses
-inductor's on-disk cache). On :func:`benchmarks.lib.grid.run_grid`: peak memory per model in a
-process of its own, the models of a case timed in turns. Results:
-benchmarks/results/speed/compile.{json,md,png}; discussed in docs/speed.md.
+Compiled models are called once before measuring; that first call's seconds are the row's
+``setup_s``, taken in the memory process with an empty inductor cache (cold), and again as
+``warm_setup_s`` in the timing process, which reuses that process's on-disk caches (warm). On
+:func:`benchmarks.lib.grid.run_grid`: peak memory per model in a process of its own, the models
+of a case timed in turns. Results: benchmarks/results/speed/compile.{json,md,png}; discussed in
+docs/speed.md.
 
     python -m benchmarks.speed.compile                            # every part (make compile-bench)
     python -m benchmarks.speed.compile --parts recompiles layer
@@ -58,66 +61,91 @@ from ..lib.grid import grid_cli, per_round_ratio, run_grid
 from ..lib.provenance import code_version
 from ..lib.sweep import backbone_step
 
-# each hand-written node of nala_mm/ops and the op module whose resolve_mode picks its path
+# each custom op of nala_mm/ops and the op module whose resolve_mode picks its path
 NODES = {'attention': 'nala_mm.ops.attention.dispatch', 'gelu_conv': 'nala_mm.ops.fused.gelu_conv',
          'lepe_conv': 'nala_mm.ops.fused.conv_weight_grad'}
+COMPILED = ('compiled', 'compiled-reference', 'regional')
 PARTS = {
-    'layer': dict(models=['layer@reference', 'layer@fast', 'layer@compiled']),  # --layer-sides
+    'layer': dict(models=[f'layer@{engine}' for engine in
+                          ('reference', 'fast', 'compiled', 'compiled-reference')]),
     'nodes': dict(models=[f'{node}@{engine}' for node in NODES
-                          for engine in ('fast', 'reference', 'compiled')],
+                          for engine in ('fast', 'reference', 'compiled', 'compiled-reference')],
                   cases=[('train', 128, 2)]),
     'nodes_model': dict(models=['nala_t_linear@fast'] + [f'nala_t_linear@{node}-reference'
                                                          for node in NODES],
                         cases=[('train', 512, 2)]),
-    'backbone': dict(models=['nala_t_linear@eager', 'nala_t_linear@compiled', 'swin_t@eager',
-                             'swin_t@compiled'],
+    'backbone': dict(models=[*(f'nala_t_linear@{e}' for e in
+                               ('eager', 'reference', 'compiled', 'regional')),
+                             *(f'swin_t@{e}' for e in ('eager', 'compiled', 'regional'))],
                      cases=[('train', 512, 2), ('train', 1024, 2), ('fwd', 2048, 1)]),
-    'vit': dict(models=['vit_s_nala@compiled', 'vit_s_sdpa@compiled', 'vit_b_nala@compiled',
-                        'vit_b_sdpa@compiled'],
-                cases=[('fwd', 1024, 1), ('fwd', 2048, 1)]),
+    'vit': dict(models=[f'vit_{w}_{kind}' for w in ('s', 'b') for kind in
+                        ('nala@eager', 'nala@reference', 'nala@compiled', 'sdpa@compiled')],
+                cases=[('train', 512, 1), ('train', 1024, 1), ('fwd', 2048, 1)]),
     'upernet': dict(models=['nala_t_linear@compiled', 'swin_t@compiled'],
                     cases=[('fwd', 2048, 1)]),
 }
-# per part: (model, the model it is compared with); the page's ratio column
 # the GPU's softmax baseline: SDPA's fused FlashAttention kernels have no CPU counterpart
 CUDA_MODELS = {'layer': ['sdpa@compiled']}
-RATIOS = {'layer': [('layer@compiled', 'layer@fast'), ('layer@compiled', 'layer@reference'),
-                    ('layer@fast', 'layer@reference'), ('layer@compiled', 'sdpa@compiled')],
-          'nodes': [(f'{node}@fast', f'{node}@{other}') for node in NODES
-                    for other in ('reference', 'compiled')],
+# per part: (first model, second model); the page's ratio column is the second's time over the
+# first's (> 1: the first is faster)
+RATIOS = {'layer': [('layer@fast', 'layer@reference'), ('layer@compiled', 'layer@fast'),
+                    ('layer@compiled', 'layer@reference'),
+                    ('layer@compiled', 'layer@compiled-reference'),
+                    ('layer@compiled', 'sdpa@compiled')],
+          'nodes': [(f'{node}@{first}', f'{node}@{second}') for node in NODES
+                    for first, second in (('fast', 'reference'), ('compiled', 'fast'),
+                                          ('compiled', 'compiled-reference'))],
           'nodes_model': [('nala_t_linear@fast', f'nala_t_linear@{node}-reference')
                           for node in NODES],
           'backbone': [('nala_t_linear@compiled', 'nala_t_linear@eager'),
+                       ('nala_t_linear@regional', 'nala_t_linear@eager'),
+                       ('nala_t_linear@compiled', 'nala_t_linear@reference'),
                        ('swin_t@compiled', 'swin_t@eager'),
-                       ('swin_t@eager', 'nala_t_linear@eager'),
-                       ('swin_t@compiled', 'nala_t_linear@compiled')],
-          'vit': [('vit_s_sdpa@compiled', 'vit_s_nala@compiled'),
-                  ('vit_b_sdpa@compiled', 'vit_b_nala@compiled')],
-          'upernet': [('swin_t@compiled', 'nala_t_linear@compiled')]}
+                       ('swin_t@regional', 'swin_t@eager'),
+                       ('nala_t_linear@eager', 'swin_t@eager'),
+                       ('nala_t_linear@compiled', 'swin_t@compiled'),
+                       ('nala_t_linear@regional', 'swin_t@regional')],
+          'vit': [pair for w in ('s', 'b') for pair in (
+              (f'vit_{w}_nala@compiled', f'vit_{w}_nala@eager'),
+              (f'vit_{w}_nala@compiled', f'vit_{w}_nala@reference'),
+              (f'vit_{w}_nala@compiled', f'vit_{w}_sdpa@compiled'))],
+          'upernet': [('nala_t_linear@compiled', 'swin_t@compiled')]}
 
 
 def build(part: str, base: str, engine: str, device: str):
     """The module ``base`` of ``part``, on ``device``, as ``engine`` runs it (not compiled)."""
+    mode = 'reference' if engine in ('reference', 'compiled-reference') else 'fast'
     if part == 'layer':
         from nala_mm.models import NormAwareLinearAttention
         if base == 'sdpa':
             from nala_mm.models.mixer_specs import build_mixer, mixer_config
             return build_mixer(mixer_config('sdpa'), embed_dims=64, num_heads=1).to(device)
-        mode = 'fast' if engine == 'fast' else 'reference'
         return NormAwareLinearAttention(64, 1, kernel='relu', mode=mode).to(device)
     if part in ('backbone', 'nodes_model'):
         from .backbone import build_backbone
-        return build_backbone(base).to(device)
+        return build_backbone(base, mode).to(device)
     if part == 'vit':
         from .vit import build as build_vit
         _, width, kind = base.split('_')
-        return build_vit(width, kind).to(device)
+        return build_vit(width, kind, mode).to(device)
     from nala_mm.config_loading import build_model_from_config
 
     from .segmentor import SEGMENTORS
     model, _ = build_model_from_config(SEGMENTORS[base]['config'],
                                        {'model.backbone.init_cfg': None})
     return model.to(device)
+
+
+def compiled(module, engine: str):
+    """What ``engine`` calls: the module itself (eager; regional, whose blocks are compiled in
+    place here), or the module compiled whole with static shapes."""
+    from nala_mm.compile import compile_model, compile_regions
+    if engine == 'regional':
+        compile_regions(module, dynamic=False)
+        return module
+    if engine in ('compiled', 'compiled-reference'):
+        return compile_model(module, dynamic=False)
+    return module
 
 
 def node_call(node: str, side: int, batch: int, mode: str, device: str):
@@ -144,16 +172,16 @@ def make_step(name: str, case: dict) -> Step:
     part, (base, engine), device = case['part'], name.split('@'), case['device']
     side, batch, mode = case['side'], case['batch'], case['mode']
     if part == 'nodes':
-        fn, inputs = node_call(base, side, batch, 'fast' if engine == 'fast' else 'reference',
-                               device)
-        fn = torch.compile(fn, dynamic=False) if engine == 'compiled' else fn
+        fn, inputs = node_call(base, side, batch,
+                               'reference' if engine.endswith('reference') else 'fast', device)
+        fn = torch.compile(fn, dynamic=False) if engine in COMPILED else fn
         grad = torch.randn_like(fn(*inputs))
 
         def step() -> None:
             fn(*inputs).backward(grad)
             for t in inputs:
                 t.grad = None
-        return _timed_first_call(step, device) if engine == 'compiled' else step
+        return _timed_first_call(step, device) if engine in COMPILED else step
     module = build(part, base, engine, device)
     if part == 'nodes_model':
         image = torch.randn(batch, 3, side, side, device=device)
@@ -163,7 +191,7 @@ def make_step(name: str, case: dict) -> Step:
     if part == 'layer':
         x = torch.randn(batch, side, side, 64, device=device, requires_grad=True)
         grad = torch.randn_like(x)
-        fn = torch.compile(module, dynamic=False) if engine == 'compiled' else module
+        fn = compiled(module, engine)
 
         def step() -> None:
             fn(x).backward(grad)
@@ -178,9 +206,9 @@ def make_step(name: str, case: dict) -> Step:
             with torch.no_grad():
                 module(images, mode='tensor')
     else:
-        fn = torch.compile(module, dynamic=False) if engine == 'compiled' else module
-        step = backbone_step(fn, torch.randn(batch, 3, side, side, device=device), mode)
-    return _timed_first_call(step, device) if engine == 'compiled' else step
+        image = torch.randn(batch, 3, side, side, device=device)
+        step = backbone_step(module, image, mode, call=compiled(module, engine))
+    return _timed_first_call(step, device) if engine in COMPILED else step
 
 
 def _on_reference(step: Step, node: str) -> Step:
@@ -239,12 +267,14 @@ def keep_rows(ratios: List[dict]) -> Tuple[List[list], List[int]]:
     sides = sorted({r['side'] for r in ratios if r['part'] == 'nodes_model'})
     rows = []
     for node in NODES:
-        found = {r['slower'].split('@')[1]: r for r in ratios
-                 if r['part'] == 'nodes' and r['faster'] == f'{node}@fast'}
+        def pair(first, second):
+            return next((r for r in ratios if r['part'] == 'nodes'
+                         and (r['faster'], r['slower']) == (f'{node}@{first}',
+                                                            f'{node}@{second}')), None)
         in_model = [next((r for r in ratios if r['part'] == 'nodes_model' and r['side'] == side
                           and r['slower'] == f'nala_t_linear@{node}-reference'), None)
                     for side in sides]
-        eager, compiled = found.get('reference'), found.get('compiled')
+        eager, compiled = pair('fast', 'reference'), pair('compiled', 'compiled-reference')
         if eager is None or eager['speedup'] is None:
             continue
         keep = any(r['speedup'] >= KEEP_SPEEDUP or (r['memory_ratio'] or 1) <= KEEP_MEMORY
@@ -261,9 +291,10 @@ def write_outputs(saved: dict, stem: str) -> None:
     saved['ratios'] = ratio_rows(saved['rows'])
     report.write_json(stem + '.json', saved)
     runs = ', '.join(f"{part}: {run['repeats']} timed rounds in turns after {run['warmup']} "
-                     'warm-up' for part, run in saved.get('runs', {}).items())
-    lines = [f"# torch.compile\n\n{saved['device']}, torch {saved['torch']}, code "
-             f"{saved['commit']}. {runs or 'No timed part has run.'}\n",
+                     f"warm-up (code {run.get('commit', saved['commit'])})"
+                     for part, run in saved.get('runs', {}).items())
+    lines = [f"# torch.compile\n\n{saved['device']}, torch {saved['torch']}. "
+             f"{runs or 'No timed part has run.'}\n",
              '## Graphs compiled over the sizes users meet\n']
     lines += report.markdown_table(
         ['size sequence', 'sizes (H, W)', 'graphs after each size'],
@@ -279,13 +310,19 @@ def write_outputs(saved: dict, stem: str) -> None:
         ['part', 'mode', 'side', 'first', 'second', 'speed-up', 'memory first / second'],
         [[r['part'], r['mode'], r['side'], r['faster'], r['slower'], report.fmt(r['speedup'], 2),
           report.fmt(r['memory_ratio'], 2)] for r in saved['ratios']])
-    lines += ['', '## The hand-written nodes: keep or remove\n']
+    lines += ['', '## Compile time: the first call, cold (empty caches) and warm\n']
+    lines += report.markdown_table(
+        ['part', 'mode', 'side', 'model', 'cold s', 'warm s'],
+        [[r['part'], r['mode'], r['side'], r['model'], report.fmt(r.get('setup_s')),
+          report.fmt(r.get('warm_setup_s'))] for r in saved['rows']
+         if r.get('setup_s') is not None and r['part'] in ('backbone', 'vit')])
+    lines += ['', '## The custom ops: keep or remove\n']
     verdicts, sides = keep_rows(saved['ratios'])
     lines += report.markdown_table(
         ['node', 'op: fast vs reference, speed-up', 'op: peak memory fast / reference',
          *[f'NaLaFormer-T step {side}²: {what}' for side in sides
            for what in ('speed-up', 'peak memory')],
-         'op: fast vs compiled reference, speed-up', 'verdict'], verdicts)
+         'compiled: op vs compiled reference, speed-up', 'verdict'], verdicts)
     report.write_markdown(stem + '.md', lines)
     plot(saved['ratios'], stem + '.png')
 
@@ -332,7 +369,8 @@ def main() -> None:
     os.environ['TORCHINDUCTOR_CACHE_DIR'] = tempfile.mkdtemp(prefix='nala-compile-bench-')
     for part in (p for p in PARTS if p in args.parts):
         kept = [r for r in saved['rows'] if r['part'] != part]
-        saved.setdefault('runs', {})[part] = dict(repeats=args.repeats, warmup=args.warmup)
+        saved.setdefault('runs', {})[part] = dict(repeats=args.repeats, warmup=args.warmup,
+                                                  commit=code_version())
         plan = ([('train', side, 1) for side in args.layer_sides] if part == 'layer'
                 else PARTS[part]['cases'])
         models = PARTS[part]['models'] + (CUDA_MODELS.get(part, []) if args.device == 'cuda'

@@ -76,7 +76,8 @@ class FusedSoftmaxAttention(nn.Module):
         return self.attention(*args, **dict(kwargs, need_weights=False))
 
 
-def build(width: str, engine: str) -> nn.Module:
+def build(width: str, engine: str, mode: str = 'fast') -> nn.Module:
+    """ViT-``width`` with ``engine``'s attention; the NaLa ViT's ops take ``mode``."""
     from mmseg.models.backbones import VisionTransformer
 
     import nala_mm  # noqa: F401  (registers the swapped backbones)
@@ -86,7 +87,7 @@ def build(width: str, engine: str) -> nn.Module:
                   norm_cfg=dict(type='LN', eps=1e-6), interpolate_mode='bicubic',
                   **WIDTHS[width])
     if engine == 'nala':
-        model = NaLaVisionTransformer(mixers=('nala',) * LAYERS, **kwargs)
+        model = NaLaVisionTransformer(mixers=('nala',) * LAYERS, mode=mode, **kwargs)
     else:
         model = VisionTransformer(**kwargs)
         if engine == 'sdpa':

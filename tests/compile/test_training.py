@@ -3,12 +3,14 @@ in a row (the first compiles a static graph, the second a dynamic one that the t
 with the recompile limit raising instead of falling back to eager, and matches eager at every
 size: the loss within 1e-4 and every gradient within 1e-3 relative error.
 
-``make test`` captures through ``backend='aot_eager'`` (dynamo's graph, AOTAutograd's joint
-forward/backward graph and its partition, with the fast ops as nodes: where recompiles and the
-saved-view failure of nala_mm.compile arise); inductor's code generation is in
-``make test-extended`` (about 1 to 4 minutes a model on the 2-core CPU).
+Captured through ``backend='aot_eager'`` (dynamo's graph, AOTAutograd's joint forward/backward
+graph and its partition, with the fast ops as nodes: where recompiles and the saved-view failure
+of nala_mm.compile arise): two families in ``make test``, every family in ``make test-extended``;
+inductor's code generation for every family in ``make test-extended`` (about 3 to 10 minutes a
+model on the 2-core CPU).
 """
-from typing import Callable, Dict
+import copy
+from typing import Callable, Dict, List
 
 import pytest
 import torch
@@ -21,7 +23,7 @@ from nala_mm.models.swap import (
     NaLaVisionTransformer,
     SegNaLaSwinTransformer,
 )
-from tests.helpers import grad_errors, rel_err
+from tests.helpers import rel_err
 
 ARCH = dict(embed_dims=(16, 32, 48, 64), depths=(1, 1, 1, 1), num_heads=(1, 2, 3, 4),
             mlp_ratios=(2, 2, 2, 2))
@@ -45,6 +47,10 @@ FAMILIES: Dict[str, Callable[[], torch.nn.Module]] = {
 SIZES = [(64, 96), (96, 64), (128, 160)]
 # a static graph for the first size, a dynamic one for the others
 MAX_GRAPHS = 2
+# inductor adds size-class guards of its own: the BatchNorm reduction behind the stem's first
+# conv picks its kernel by the elements per channel (measured: a guard at 4096, which the third
+# size crosses), so one more graph
+MAX_INDUCTOR_GRAPHS = MAX_GRAPHS + 1
 
 
 def loss_and_grads(fn, model, images):
@@ -58,18 +64,32 @@ def loss_and_grads(fn, model, images):
     return loss.detach(), [p.grad for p in model.parameters()]
 
 
+def exactly_zero_gradients(model: torch.nn.Module, images: torch.Tensor) -> List[bool]:
+    """Per parameter: whether its gradient is zero in exact arithmetic (a conv bias before a
+    BatchNorm in train mode), found in float64, where such a gradient is 1e-16 of the largest.
+    In float32 it is rounding noise, which no two summation orders share."""
+    double = copy.deepcopy(model).double()
+    _, grads = loss_and_grads(double, double, images.double())
+    scale = max(g.norm() for g in grads)
+    return [bool(g.norm() < 1e-9 * scale) for g in grads]
+
+
 def trains_like_eager(model: torch.nn.Module, compiled, compiled_model=None,
                       sizes=SIZES) -> None:
     """``compiled`` (whose parameters are ``compiled_model``'s, by default ``model``'s) gives
-    eager ``model``'s loss and gradients at each size."""
+    eager ``model``'s loss and gradients at each size: every gradient within 1e-3 relative
+    error, except those zero in exact arithmetic, which must stay under 1e-3 of the largest."""
     compiled_model = model if compiled_model is None else compiled_model
     for size in sizes:
         x = torch.randn(2, 3, *size)
+        zero = exactly_zero_gradients(model, x)
         eager_loss, eager_grads = loss_and_grads(model, model, x)
         loss, grads = loss_and_grads(compiled, compiled_model, x)
         assert rel_err(loss, eager_loss) < 1e-4, size
         assert all(g is not None for g in grads), size  # every parameter is reached
-        errors = grad_errors(grads, eager_grads)
+        scale = max(g.norm() for g in eager_grads)
+        errors = [(g.norm() / scale).item() if exact_zero else rel_err(g, e)
+                  for g, e, exact_zero in zip(grads, eager_grads, zero)]
         assert max(errors) < 1e-3, (size, max(errors))
 
 
@@ -81,7 +101,14 @@ def build(name: str) -> torch.nn.Module:
     return model
 
 
-@pytest.mark.parametrize('name', list(FAMILIES))
+# make test's share: the hierarchical NaLaFormer and a swapped stock family (about 25-50 s each
+# here); the others in make test-extended beside inductor's
+IN_MAKE_TEST = ('nalaformer-nala', 'vit-nala')
+
+
+@pytest.mark.parametrize('name', [name if name in IN_MAKE_TEST else
+                                  pytest.param(name, marks=pytest.mark.extended)
+                                  for name in FAMILIES])
 def test_compiled_training_follows_the_input_size(name):
     """A plain ``torch.compile`` of the model, as a user's own script calls it: inside
     ``compile_settings()`` (the saved-view workaround, the recompile limit raising)."""
@@ -95,14 +122,16 @@ def test_compiled_training_follows_the_input_size(name):
 
 
 @pytest.mark.extended
-@pytest.mark.parametrize('dynamic', [None, True], ids=['default', 'dynamic'])
-@pytest.mark.parametrize('name', list(FAMILIES))
+@pytest.mark.parametrize('name,dynamic', [
+    *((name, None) for name in FAMILIES),  # torch's default: static, then dynamic
+    ('nalaformer-nala', True)], ids=lambda value: {None: 'default', True: 'dynamic'}.get(value,
+                                                                                        value))
 def test_inductor_training_follows_the_input_size(name, dynamic):
     torch._dynamo.reset()
     model = build(name)
     compiled = compile_model(model, dynamic=dynamic)  # inductor
     trains_like_eager(model, compiled)
-    assert compiled.compilations <= (1 if dynamic else MAX_GRAPHS)
+    assert compiled.compilations <= MAX_INDUCTOR_GRAPHS - (1 if dynamic else 0)
 
 
 def test_regional_compilation_shares_one_forward_per_block_class():

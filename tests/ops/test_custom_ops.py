@@ -91,7 +91,9 @@ def inputs(device, rope: bool, seed=0, n_tokens=N_TOKENS, grad=True):
 
 @pytest.mark.parametrize('device', DEVICES)
 @pytest.mark.parametrize('rope', [True, False], ids=['rope', 'no-rope'])
-@pytest.mark.parametrize('name', list(MAPS))
+# a split kernel with and without the direction, a plain map, a user's (the other maps differ
+# from these only in numbers and formulas, which the parity tests hold)
+@pytest.mark.parametrize('name', ['nala-cosine', 'nala-relu', 'relu', 'user'])
 def test_attention_ops_pass_opcheck(name, rope, device):
     query_map, key_map = MAPS[name]
     q, k, v, cos, sin = inputs(device, rope)
