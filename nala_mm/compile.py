@@ -42,6 +42,8 @@ import contextlib
 from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
+import torch._dynamo.config
+import torch._functorch.config
 from mmengine.optim import OptimWrapper
 from torch import nn
 
