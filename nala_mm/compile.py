@@ -80,6 +80,9 @@ def apply_compile_settings(recompile_limit: int = RECOMPILE_LIMIT) -> None:
 class CompiledCall:
     """A function compiled with ``torch.compile``, called under :func:`compile_settings`.
 
+    ``compilations`` counts the compiler's calls: one per graph, and one more for an analysis
+    dynamo restarts (``dynamic=True`` restarts its first once where it meets Python floats).
+
     Args:
         fn: what to compile (a module, a bound method, a function).
         backend, mode, dynamic, fullgraph: as ``torch.compile``'s.

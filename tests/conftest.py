@@ -26,6 +26,14 @@ settings.load_profile('nala')
 
 
 @pytest.fixture(autouse=True)
+def recompile_limit_raises():
+    """Every compiled test: a function that hits dynamo's recompile limit raises instead of
+    running eager in silence (which would pass a compiled test without compiling)."""
+    with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
+        yield
+
+
+@pytest.fixture(autouse=True)
 def seeded():
     """Every test starts from the same generator states: its random tensors do not depend on
     which tests ran before it."""

@@ -14,6 +14,7 @@ from typing import Callable, Dict, List
 
 import pytest
 import torch
+import torch._inductor.exc
 from torch._dynamo.testing import CompileCounterWithBackend
 
 from nala_mm.compile import compile_model, compile_regions, compile_settings
@@ -49,7 +50,9 @@ SIZES = [(64, 96), (96, 64), (128, 160)]
 MAX_GRAPHS = 2
 # inductor adds size-class guards of its own: the BatchNorm reduction behind the stem's first
 # conv picks its kernel by the elements per channel (measured: a guard at 4096, which the third
-# size crosses), so one more graph
+# size crosses), so one more graph. (With dynamic=True the first graph is one compiler call
+# fewer, but dynamo restarts that first analysis once, where it meets Python floats as
+# symbols, and the abandoned attempt's call counts too.)
 MAX_INDUCTOR_GRAPHS = MAX_GRAPHS + 1
 
 
@@ -121,9 +124,18 @@ def test_compiled_training_follows_the_input_size(name):
     assert counter.frame_count <= MAX_GRAPHS
 
 
+# inductor (torch 2.13) fails to lower the stock Mix-FFN's channels-first view of the tokens
+# (mmseg's nlc_to_nchw) with dynamic sizes: "ValueRangeError: Invalid ranges [0:-1]" in
+# ExternKernel.require_stride_order, called from GraphLowering.run_node on that saved view
+MIT_INDUCTOR = pytest.mark.xfail(strict=True, raises=torch._inductor.exc.InductorError,
+                                 reason='inductor cannot lower the Mix-FFN view at dynamic sizes')
+
+
 @pytest.mark.extended
 @pytest.mark.parametrize('name,dynamic', [
-    *((name, None) for name in FAMILIES),  # torch's default: static, then dynamic
+    # torch's default: static, then dynamic
+    *(pytest.param(name, None, marks=MIT_INDUCTOR) if name == 'mmseg-mit' else (name, None)
+      for name in FAMILIES),
     ('nalaformer-nala', True)], ids=lambda value: {None: 'default', True: 'dynamic'}.get(value,
                                                                                         value))
 def test_inductor_training_follows_the_input_size(name, dynamic):
@@ -131,7 +143,7 @@ def test_inductor_training_follows_the_input_size(name, dynamic):
     model = build(name)
     compiled = compile_model(model, dynamic=dynamic)  # inductor
     trains_like_eager(model, compiled)
-    assert compiled.compilations <= MAX_INDUCTOR_GRAPHS - (1 if dynamic else 0)
+    assert compiled.compilations <= MAX_INDUCTOR_GRAPHS
 
 
 def test_regional_compilation_shares_one_forward_per_block_class():

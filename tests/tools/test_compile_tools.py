@@ -75,22 +75,22 @@ def test_benchmark_tool_reports_the_compile_time_apart(tmp_path):
 def test_regional_compilation_trains_the_segmentor(tmp_path, tiny_ade):
     config = write_seg_config(tmp_path, tiny_ade, iters=2)
     log = run_tool('tools/train.py', config, '--compile', 'regional', '--work-dir', tmp_path)
-    assert re.search(r'compiled regionally: CompiledRegions\(4 blocks of NaLaBlock\)', log)
+    assert re.search(r'compiled regionally: CompiledRegions\(\d+ blocks of NaLaBlock\)', log)
     assert 'Model has been "compiled"' not in log and re.search(r'Iter\(train\) \[2/2\]', log)
 
 
 TWO_SIZES = """
-train_dataloader = dict(batch_size=1, dataset=dict(
-    _delete_=True, type='ConcatDataset', datasets=[
-        dict(type='CocoDataset', data_root=root, metainfo=metainfo, pipeline=train_pipeline,
-             ann_file='annotations/instances_train2017.json',
-             data_prefix=dict(img='train2017/'), filter_cfg=dict(filter_empty_gt=True))
-        for root in {roots}]))
 train_pipeline = [
     dict(type='LoadImageFromFile'),
     dict(type='LoadAnnotations', with_bbox=True, with_mask=True),
     dict(type='PackDetInputs'),
 ]
+coco_part = dict(type='CocoDataset', metainfo=dict(classes={classes}), pipeline=train_pipeline,
+                 ann_file='annotations/instances_train2017.json',
+                 data_prefix=dict(img='train2017/'), filter_cfg=dict(filter_empty_gt=True))
+train_dataloader = dict(batch_size=1, dataset=dict(
+    _delete_=True, type='ConcatDataset',
+    datasets=[dict(coco_part, data_root='{first}'), dict(coco_part, data_root='{second}')]))
 """
 
 
@@ -98,11 +98,12 @@ def test_compiled_detector_training_follows_the_input_size(tmp_path, tiny_coco):
     """tools/train.py --compile on the demo Mask R-CNN, 4 iterations over images of two sizes
     (128 x 128 and 96 x 160, one per batch), the recompile limit raising: mmcv's NMS and
     RoIAlign break the graph and run eager, the backbone, neck and losses compile."""
-    from nala_mm.datasets.synthetic_coco import generate_coco_like
+    from nala_mm.datasets.synthetic_coco import COCO_DEMO_CLASSES, generate_coco_like
     other = tmp_path / 'coco_96x160'
     generate_coco_like(str(other), num_train=2, num_val=1, image_size=(96, 160), progress=False)
     config = write_det_config(tmp_path, tiny_coco, epochs=1,
-                              extra=TWO_SIZES.format(roots=[f'{tiny_coco}/', f'{other}/']))
+                              extra=TWO_SIZES.format(first=f'{tiny_coco}/', second=f'{other}/',
+                                                     classes=tuple(COCO_DEMO_CLASSES)))
     log = run_tool('tools/train.py', config, '--compile', '--work-dir', tmp_path / 'work',
                    timeout=3600)
     assert 'Model has been "compiled"' in log and re.search(r'Iter\(train\) \[4/4\]', log)

@@ -24,6 +24,7 @@ from mmengine.runner.checkpoint import CheckpointLoader, load_state_dict
 from torch import Tensor, nn
 
 from ...ops import resolve_mode
+from ..depthwise import TokenConv2d
 from ..mixer_specs import DEFAULT_HYBRID, MixerEntry, resolve_mixers
 from ..state_dicts import backbone_state_dict
 
@@ -279,7 +280,22 @@ class SwappedAttentionMixin:
         self.swapped_names: Dict[str, int] = {
             name: unit_of[id(module)] for name, module in self.named_modules()
             if id(module) in unit_of}
+        self._convs_through_op()
         self._after_swap()
+
+    def _convs_through_op(self) -> None:
+        """Every plain 2D convolution of the backbone (patch embeddings, Mix-FFN convs, spatial
+        reductions) becomes a :class:`TokenConv2d`, in place: the same parameters, names and
+        forward, trained through the custom op ``nala_mm::conv2d``. Compiled at changing input
+        sizes, inductor's own lowering of a stock convolution fails on the stock Mix-FFN's
+        depthwise conv (an invalid value range) or recompiles per size (its backward guards the
+        input's strides; :mod:`nala_mm.compile`); the op's node does neither."""
+        from mmcv.cnn.bricks.wrappers import Conv2d as EmptyTolerantConv2d
+        for module in self.modules():
+            if (type(module) in (nn.Conv2d, EmptyTolerantConv2d) and module.dilation == (1, 1)
+                    and module.padding_mode == 'zeros' and not isinstance(module.padding, str)):
+                module.__class__ = TokenConv2d
+                module.mode = self.mode
 
     def stage_of(self, module_name: str) -> Optional[int]:
         """The stage (a layer, in a ViT) that holds the submodule ``module_name``, or ``None``
