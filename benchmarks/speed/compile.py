@@ -31,6 +31,10 @@ code version each part ran on):
 * ``upernet``: UperNet + all-linear NaLaFormer-T against UperNet + Swin-T, both with their
   feature extraction compiled (the tools' ``--compile``): inference at 2048².
 
+``--profile`` then names where the time goes: the all-linear NaLaFormer-T's training step
+(512², batch 2), eager and compiled whole, under ``torch.profiler`` (the ops with the most time
+of their own), and the phases of its cold compile (dynamo's ``compile_times``).
+
 Compiled models are called once before measuring; that first call's seconds are the row's
 ``setup_s``, taken in the memory process with an empty inductor cache (cold), and again as
 ``warm_setup_s`` in the timing process, which reuses that process's on-disk caches (warm). On
@@ -41,6 +45,7 @@ docs/speed.md.
     python -m benchmarks.speed.compile                            # every part (make compile-bench)
     python -m benchmarks.speed.compile --parts recompiles layer
     python -m benchmarks.speed.compile --device cuda --parts layer --layer-sides 128 256
+    python -m benchmarks.speed.compile --parts recompiles --profile
     python -m benchmarks.speed.compile --report-only
 """
 import argparse
@@ -236,6 +241,67 @@ def _timed_first_call(step: Step, device: str) -> Step:
     return step
 
 
+PROFILE_CASE = dict(model='nala_t_linear', side=512, batch=2)
+PROFILE_TOP = 12  # ops per table
+
+
+def profile_compiled(device: str, rounds: int = 2) -> dict:
+    """Where :data:`PROFILE_CASE`'s training step spends its time, eager and compiled whole:
+    per engine the ops with the most self time (ms per step, share of the step's self time), and
+    the cold compile's phases in seconds (nested: a phase includes those it calls)."""
+    from torch._dynamo.utils import compilation_time_metrics
+    from torch.profiler import ProfilerActivity, profile
+    os.environ['TORCHINDUCTOR_CACHE_DIR'] = tempfile.mkdtemp(prefix='nala-compile-profile-')
+    torch._dynamo.reset()
+    compilation_time_metrics.clear()
+    image = torch.randn(PROFILE_CASE['batch'], 3, PROFILE_CASE['side'], PROFILE_CASE['side'],
+                        device=device)
+    found = dict(PROFILE_CASE, rounds=rounds)
+    for engine in ('eager', 'compiled'):
+        module = build('backbone', PROFILE_CASE['model'], engine, device)
+        step = backbone_step(module, image, 'train', call=compiled(module, engine))
+        start = time.perf_counter()
+        step()  # compiles (compiled) or warms up (eager)
+        if engine == 'compiled':
+            found['compile_s'] = time.perf_counter() - start
+            found['compile_phases'] = sorted(
+                ((name, sum(times)) for name, times in compilation_time_metrics.items()),
+                key=lambda item: -item[1])[:PROFILE_TOP]
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == 'cuda'
+                                               else [])
+        with profile(activities=activities) as prof:
+            for _ in range(rounds):
+                step()
+        events = prof.key_averages()
+        total = sum(e.self_cpu_time_total for e in events) or 1
+        top = sorted(events, key=lambda e: -e.self_cpu_time_total)[:PROFILE_TOP]
+        found[engine] = [dict(op=e.key, calls=e.count // rounds,
+                              self_ms=e.self_cpu_time_total / 1e3 / rounds,
+                              share=e.self_cpu_time_total / total) for e in top]
+        found[f'{engine}_step_ms'] = total / 1e3 / rounds
+    return found
+
+
+def profile_lines(found: dict) -> List[str]:
+    """The page's section for :func:`profile_compiled`'s result."""
+    lines = ['', f"## Where the time goes: {found['model']} training step, {found['side']}², "
+             f"batch {found['batch']} (torch.profiler, {found['rounds']} steps)\n",
+             f"Self time per step: eager {report.fmt(found['eager_step_ms'])} ms, compiled "
+             f"{report.fmt(found['compiled_step_ms'])} ms; the compiled model's first call took "
+             f"{report.fmt(found['compile_s'])} s.\n"]
+    for engine in ('eager', 'compiled'):
+        lines += [f'**{engine}**\n']
+        lines += report.markdown_table(
+            ['op', 'calls per step', 'self ms per step', 'share'],
+            [[r['op'], r['calls'], report.fmt(r['self_ms']), f"{100 * r['share']:.0f} %"]
+             for r in found[engine]])
+        lines += ['']
+    lines += ['**cold compile phases** (seconds; nested)\n']
+    lines += report.markdown_table(['phase', 's'], [[name, report.fmt(seconds)]
+                                                    for name, seconds in found['compile_phases']])
+    return lines
+
+
 # ------------------------------------------------------------------------------ the page
 def ratio_rows(rows: List[dict]) -> List[dict]:
     """Each comparison of :data:`RATIOS` per case: time as the median of per-round ratios (the
@@ -323,6 +389,8 @@ def write_outputs(saved: dict, stem: str) -> None:
          *[f'NaLaFormer-T step {side}²: {what}' for side in sides
            for what in ('speed-up', 'peak memory')],
          'compiled: op vs compiled reference, speed-up', 'verdict'], verdicts)
+    if saved.get('profile'):
+        lines += profile_lines(saved['profile'])
     report.write_markdown(stem + '.md', lines)
     plot(saved['ratios'], stem + '.png')
 
@@ -350,6 +418,8 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('--repeats', type=int, default=3, help='timed rounds in turns')
     parser.add_argument('--warmup', type=int, default=1, help='untimed rounds before timing')
     parser.add_argument('--timeout', type=int, default=3600, help='seconds per measurement')
+    parser.add_argument('--profile', action='store_true',
+                        help='then profile NaLaFormer-T training, eager and compiled')
 
 
 def main() -> None:
@@ -382,6 +452,9 @@ def main() -> None:
                         after_case=lambda done, kept=kept: write_outputs(
                             dict(saved, rows=kept + done), stem))
         saved['rows'] = kept + rows
+        write_outputs(saved, stem)
+    if args.profile:
+        saved['profile'] = dict(profile_compiled(args.device), commit=code_version())
         write_outputs(saved, stem)
     print(open(stem + '.md').read())
 
