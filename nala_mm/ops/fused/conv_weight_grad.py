@@ -118,14 +118,17 @@ def conv2d_backward(d_out: Tensor, x: Tensor, weight: Tensor, stride: List[int],
                     output_mask: List[bool]) -> Tuple[Tensor, Tensor, Tensor]:
     """Gradients of x, the weight and the bias; an output ``output_mask`` leaves out is an empty
     tensor. Float32 on CPU takes the weight-gradient paths of the module docstring, everything
-    else ATen's ``convolution_backward``."""
+    else ATen's ``convolution_backward``. The bias gradient is the output gradient's sum:
+    asked of ``convolution_backward`` together with the input gradient but not the weight's
+    (which the CPU path computes apart), ATen takes ten times as long as for the input gradient
+    alone (a depthwise 5x5 at 2 x 64 x 128 x 128, channels-last, torch 2.13)."""
     d_x, d_weight, d_bias = (x.new_empty(0) for _ in range(3))  # distinct: outputs never alias
     fast_weight_grad = x.device.type == 'cpu' and x.dtype == torch.float32
     with torch.autocast(x.device.type, enabled=False):
-        d_x_aten, d_weight_aten, d_bias_aten = _convolution_backward(
-            d_out, x, weight, [weight.shape[0]], list(stride), list(padding), [1, 1], False,
-            [0, 0], groups,
-            [output_mask[0], output_mask[1] and not fast_weight_grad, output_mask[2]])
+        if output_mask[0] or (output_mask[1] and not fast_weight_grad):
+            d_x_aten, d_weight_aten, _ = _convolution_backward(
+                d_out, x, weight, None, list(stride), list(padding), [1, 1], False, [0, 0],
+                groups, [output_mask[0], output_mask[1] and not fast_weight_grad, False])
         if output_mask[0]:
             d_x = laid_out_like(d_x_aten, x)
         if output_mask[1]:
@@ -133,7 +136,7 @@ def conv2d_backward(d_out: Tensor, x: Tensor, weight: Tensor, stride: List[int],
                 conv_weight_grad(d_out, x, weight, tuple(stride), tuple(padding), groups)
                 if fast_weight_grad else d_weight_aten, weight)
         if output_mask[2]:
-            d_bias = d_bias_aten
+            d_bias = d_out.sum((0, 2, 3))
     return d_x, d_weight, d_bias
 
 
