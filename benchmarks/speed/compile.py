@@ -8,8 +8,8 @@ shapes: one training size) with ``mode='fast'``, i.e. the custom ops as nodes of
 ``compiled-reference`` the reference formulas compiled, which inductor fuses itself;
 ``regional`` each repeated block class compiled once (:func:`nala_mm.compile.compile_regions`).
 
-Parts (``--parts``; each run replaces its parts' rows in the JSON and keeps the others', with the
-code version each part ran on):
+Parts (``--parts``; each run replaces its parts' rows in the JSON, or with ``--sides`` their rows
+at those sides, and keeps the others'; each row names the code version it ran on):
 
 * ``recompiles``: graphs compiled by :func:`nala_mm.compile.compile_feature_extraction` (dynamic
   sizes, dynamo's graph capture with ``backend='eager'``) over each size sequence of
@@ -45,7 +45,7 @@ docs/speed.md.
     python -m benchmarks.speed.compile                            # every part (make compile-bench)
     python -m benchmarks.speed.compile --parts recompiles layer
     python -m benchmarks.speed.compile --device cuda --parts layer --layer-sides 128 256
-    python -m benchmarks.speed.compile --parts recompiles --profile
+    python -m benchmarks.speed.compile --parts vit --sides 512 2048 --profile
     python -m benchmarks.speed.compile --report-only
 """
 import argparse
@@ -418,6 +418,8 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('--repeats', type=int, default=3, help='timed rounds in turns')
     parser.add_argument('--warmup', type=int, default=1, help='untimed rounds before timing')
     parser.add_argument('--timeout', type=int, default=3600, help='seconds per measurement')
+    parser.add_argument('--sides', nargs='+', type=int,
+                        help="only the cases at these sides (the layer's: --layer-sides)")
     parser.add_argument('--profile', action='store_true',
                         help='then profile NaLaFormer-T training, eager and compiled')
 
@@ -438,11 +440,15 @@ def main() -> None:
     # an empty inductor cache for this run: each compiled model's first call really compiles
     os.environ['TORCHINDUCTOR_CACHE_DIR'] = tempfile.mkdtemp(prefix='nala-compile-bench-')
     for part in (p for p in PARTS if p in args.parts):
-        kept = [r for r in saved['rows'] if r['part'] != part]
-        saved.setdefault('runs', {})[part] = dict(repeats=args.repeats, warmup=args.warmup,
-                                                  commit=code_version())
         plan = ([('train', side, 1) for side in args.layer_sides] if part == 'layer'
-                else PARTS[part]['cases'])
+                else [case for case in PARTS[part]['cases']
+                      if args.sides is None or case[1] in args.sides])
+        # the part's rows at the sides not measured now stay, with the code they ran on
+        kept = [r for r in saved['rows'] if r['part'] != part
+                or (part != 'layer' and args.sides is not None and r['side'] not in args.sides)]
+        commit = code_version()
+        saved.setdefault('runs', {})[part] = dict(repeats=args.repeats, warmup=args.warmup,
+                                                  commit=commit)
         models = PARTS[part]['models'] + (CUDA_MODELS.get(part, []) if args.device == 'cuda'
                                           else [])
         cases = [(dict(part=part, mode=mode, side=side, batch=batch), models)
@@ -451,7 +457,7 @@ def main() -> None:
                         device=args.device, timeout=args.timeout, desc=f'compile {part}',
                         after_case=lambda done, kept=kept: write_outputs(
                             dict(saved, rows=kept + done), stem))
-        saved['rows'] = kept + rows
+        saved['rows'] = kept + [dict(row, commit=commit) for row in rows]
         write_outputs(saved, stem)
     if args.profile:
         saved['profile'] = dict(profile_compiled(args.device), commit=code_version())
