@@ -62,6 +62,10 @@ class NaLaMixVisionTransformer(SpatialReductionStages, MixVisionTransformer):
         mixers: ``'softmax'`` keeps MiT's spatial-reduction attention; ``'nala'``, ``'linear'``
             or a mixer config attend at full resolution instead (no ``sr`` conv).
         mode: ``'fast'`` or ``'reference'`` for every swapped mixer (:mod:`nala_mm.ops.mode`).
+        pretrained_mismatch: what a tensor of the ``Pretrained`` checkpoint whose shape differs
+            from the model's does: ``'raise'`` (default) raises a ``ValueError`` naming it and
+            both shapes (the stock parent only warns); ``'skip'`` keeps it as initialised and
+            logs it, for a deliberate partial load (e.g. ``in_channels=4`` from an RGB file).
         **kwargs: every argument of mmseg's ``MixVisionTransformer``.
     """
 
@@ -74,6 +78,10 @@ class NaLaPyramidVisionTransformerV2(SpatialReductionStages, PyramidVisionTransf
         mixers: ``'softmax'`` keeps PVTv2's spatial-reduction attention; ``'nala'``,
             ``'linear'`` or a mixer config attend at full resolution instead (no ``sr`` conv).
         mode: ``'fast'`` or ``'reference'`` for every swapped mixer (:mod:`nala_mm.ops.mode`).
+        pretrained_mismatch: what a tensor of the ``Pretrained`` checkpoint whose shape differs
+            from the model's does: ``'raise'`` (default) raises a ``ValueError`` naming it and
+            both shapes (the stock parent only warns); ``'skip'`` keeps it as initialised and
+            logs it, for a deliberate partial load (e.g. ``in_channels=4`` from an RGB file).
         **kwargs: every argument of mmdet's ``PyramidVisionTransformerV2``; with
             ``convert_weights=True`` (its default) a checkpoint in the official PVT layout is
             converted by mmdet's ``pvt_convert`` before the carry-over (one already in mmdet's

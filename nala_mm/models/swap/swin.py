@@ -3,9 +3,10 @@
 Everything Swin-specific is here: where a stage's blocks are (``stages[i].blocks``), the module
 that takes a ``ShiftWindowMSA``'s place (:class:`WindowFreeAttention`: no window partition,
 shift or window padding), the upstream attention layout that carries over, the softmax stages'
-relative-position tables resized to the model's window, and mmdet's ``convert_weights`` for the
-official Swin layout. Registered: ``NaLaSwinTransformer`` in mmseg's registry and in mmdet's (one
-subclass of each package's parent).
+relative-position tables resized to the model's window (and the stock rule for
+``absolute_pos_embed``), and mmdet's ``convert_weights`` for the official Swin layout.
+Registered: ``NaLaSwinTransformer`` in mmseg's registry and in mmdet's (one subclass of each
+package's parent).
 """
 from typing import Dict, Mapping, Sequence
 
@@ -38,21 +39,43 @@ class WindowFreeAttention(SwappedAttention):
 def resize_relative_position_tables(state: Dict[str, Tensor],
                                     model_state: Mapping[str, Tensor]) -> Dict[str, Tensor]:
     """Swin's softmax stages: bicubic-resize a pretrained relative-position table to the
-    model's window, as the stock Swin's ``init_weights`` does (its number of heads must agree).
-    """
+    model's window, as the stock Swin's ``init_weights`` does. A table of another number of
+    heads is left as it is (the stock Swin skips it), for the loader's shape check. Beside a
+    resized table, the checkpoint's ``relative_position_index`` of the other window is dropped:
+    the index is no weight but a function of the window, which the model built for its own
+    (the stock Swin's load fails on it)."""
     for key in [k for k in state if k.endswith('relative_position_bias_table')]:
         if key not in model_state:
             continue
         table, current = state[key], model_state[key]
-        if table.shape[1] != current.shape[1]:
-            raise ValueError(f'{key}: checkpoint has {table.shape[1]} heads, the model '
-                             f'{current.shape[1]}')
-        if table.shape[0] != current.shape[0]:
+        if table.shape[1] == current.shape[1] and table.shape[0] != current.shape[0]:
             side, new_side = round(table.shape[0] ** 0.5), round(current.shape[0] ** 0.5)
             grid = table.permute(1, 0).reshape(1, table.shape[1], side, side)
             grid = torch.nn.functional.interpolate(grid, size=(new_side, new_side),
                                                    mode='bicubic')
             state[key] = grid.reshape(current.shape[1], -1).permute(1, 0).contiguous()
+            index = key.replace('relative_position_bias_table', 'relative_position_index')
+            if index in state and index in model_state and \
+                    state[index].shape != model_state[index].shape:
+                del state[index]
+    return state
+
+
+def reshape_absolute_pos_embed(state: Dict[str, Tensor],
+                               model_state: Mapping[str, Tensor]) -> Dict[str, Tensor]:
+    """The stock Swin's ``init_weights`` rule for ``absolute_pos_embed``: a checkpoint's
+    ``(N, L, C)`` table is reshaped to a ``(N, C, H, W)`` parameter when N and C agree and
+    ``L == H * W``. Any other pair of shapes is left as it is: equal ones load, others meet the
+    loader's shape check. mmseg 1.2.2's and mmdet 3.3.0's parameter is ``(1, L, C)`` itself, the
+    checkpoint's layout (their own ``init_weights`` unpacks it as 4-D and fails)."""
+    stored, current = state.get('absolute_pos_embed'), model_state.get('absolute_pos_embed')
+    if stored is None or current is None or stored.dim() != 3 or current.dim() != 4:
+        return state
+    batch, length, channels = stored.shape
+    model_batch, model_channels, height, width = current.shape
+    if (batch, channels, length) == (model_batch, model_channels, height * width):
+        state['absolute_pos_embed'] = stored.view(batch, height, width, channels).permute(
+            0, 3, 1, 2).contiguous()
     return state
 
 
@@ -73,6 +96,7 @@ class SwinStages(SwappedAttentionMixin):
         return WindowFreeAttention(mixer, proj_drop=window_msa.proj_drop, drop_path=stock.drop)
 
     def adapt_state(self, state, model_state):
+        state = reshape_absolute_pos_embed(state, model_state)
         return resize_relative_position_tables(state, model_state)
 
 
@@ -83,6 +107,11 @@ _MIXERS_DOC = """
             attending over the whole stage, in every block of the stage. Default: NaLa in the
             two high-resolution stages, as released.
         mode: ``'fast'`` or ``'reference'`` for every swapped mixer (:mod:`nala_mm.ops.mode`).
+        pretrained_mismatch: what a tensor of the ``Pretrained`` checkpoint whose shape differs
+            from the model's (after the carry-over and the resizing of relative-position
+            tables) does: ``'raise'`` (default) raises a ``ValueError`` naming it and both
+            shapes; ``'skip'`` keeps it as initialised and logs it, for a deliberate partial
+            load (e.g. ``in_channels=4`` from an RGB checkpoint).
         **kwargs: every argument of the parent. A ``Pretrained`` ``init_cfg`` of a stock Swin
             checkpoint carries q/k/v and the projection into the mixers (:mod:`.base`)."""
 

@@ -133,6 +133,11 @@ class NaLaVisionTransformer(ViTLayers, VisionTransformer):
             are ViTDet's stock softmax in 14 x 14 windows and globally through SDPA.
         mode: ``'fast'`` or ``'reference'`` for every swapped layer's mixer
             (:mod:`nala_mm.ops.mode`).
+        pretrained_mismatch: what a tensor of the ``Pretrained`` checkpoint whose shape differs
+            from the model's (after the positional embedding's resize) does: ``'raise'``
+            (default) raises a ``ValueError`` naming it and both shapes (the stock parent only
+            warns); ``'skip'`` keeps it as initialised and logs it, for a deliberate partial
+            load (e.g. ``in_channels=4`` from an RGB file).
         **kwargs: every argument of mmseg's ``VisionTransformer``. A ``Pretrained`` ``init_cfg``
             (or ``pretrained``) of a stock ViT checkpoint carries each swapped layer's q/k/v and
             output projection into its mixer (:mod:`.base`).
