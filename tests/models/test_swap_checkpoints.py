@@ -17,7 +17,6 @@ from nala_mm.models.swap import (
     NaLaVisionTransformer,
     SegNaLaSwinTransformer,
 )
-from nala_mm.models.swap.swin import reshape_absolute_pos_embed
 from tests.helpers import LogRecords
 
 SWIN = dict(embed_dims=16, depths=(1, 1, 1, 1), num_heads=(1, 1, 2, 2))
@@ -124,8 +123,9 @@ def test_a_mis_shaped_tensor_raises_or_with_skip_keeps_its_initialisation(name, 
 
 @pytest.mark.parametrize('cls', [SegNaLaSwinTransformer, DetNaLaSwinTransformer])
 def test_swin_loads_absolute_pos_embed_and_refuses_another_grid(cls, tmp_path):
-    """mmseg's and mmdet's parameter is ``(1, L, C)``, the checkpoint's layout: it loads as
-    saved, with a swapped stage and with every stage stock; a table of another grid raises."""
+    """mmseg's and mmdet's parameter is ``(1, L, C)``, the checkpoint's layout (the stock
+    ``init_weights`` reshapes for a 4-D one and fails on it): it loads as saved, with a swapped
+    stage and with every stage stock; a table of another grid raises."""
     kwargs = dict(SWIN, use_abs_pos_embed=True, pretrain_img_size=64)
     stock = cls.stock_parent()(**kwargs)
     stock.init_weights()  # a random table: the constructor's is zeros
@@ -140,21 +140,6 @@ def test_swin_loads_absolute_pos_embed_and_refuses_another_grid(cls, tmp_path):
     with pytest.raises(ValueError, match=r'absolute_pos_embed \(1, 256, 16\) vs model '
                                          r'\(1, 64, 16\)'):
         model.init_weights()
-
-
-def test_the_stock_swin_rule_reshapes_a_token_table_to_a_grid_parameter():
-    """The stock Swin's ``init_weights`` rule, for a ``(N, C, H, W)`` parameter: token
-    ``r * W + c`` becomes grid position ``(r, c)``; another number of positions is left to the
-    shape check."""
-    table = torch.randn(1, 12, 8)  # (N, L, C): a 3 x 4 grid
-    grid = reshape_absolute_pos_embed({'absolute_pos_embed': table},
-                                      {'absolute_pos_embed': torch.zeros(1, 8, 3, 4)})
-    assert grid['absolute_pos_embed'].shape == (1, 8, 3, 4)
-    assert torch.equal(grid['absolute_pos_embed'][0, :, 1, 2], table[0, 1 * 4 + 2])
-    other = torch.randn(1, 10, 8)
-    kept = reshape_absolute_pos_embed({'absolute_pos_embed': other},
-                                      {'absolute_pos_embed': torch.zeros(1, 8, 3, 4)})
-    assert kept['absolute_pos_embed'] is other
 
 
 def test_a_swin_checkpoint_of_another_window_loads_its_resized_tables(tmp_path):

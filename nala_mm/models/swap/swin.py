@@ -3,8 +3,8 @@
 Everything Swin-specific is here: where a stage's blocks are (``stages[i].blocks``), the module
 that takes a ``ShiftWindowMSA``'s place (:class:`WindowFreeAttention`: no window partition,
 shift or window padding), the upstream attention layout that carries over, the softmax stages'
-relative-position tables resized to the model's window (and the stock rule for
-``absolute_pos_embed``), and mmdet's ``convert_weights`` for the official Swin layout.
+relative-position tables resized to the model's window, and mmdet's ``convert_weights`` for the
+official Swin layout.
 Registered: ``NaLaSwinTransformer`` in mmseg's registry and in mmdet's (one subclass of each
 package's parent).
 """
@@ -61,24 +61,6 @@ def resize_relative_position_tables(state: Dict[str, Tensor],
     return state
 
 
-def reshape_absolute_pos_embed(state: Dict[str, Tensor],
-                               model_state: Mapping[str, Tensor]) -> Dict[str, Tensor]:
-    """The stock Swin's ``init_weights`` rule for ``absolute_pos_embed``: a checkpoint's
-    ``(N, L, C)`` table is reshaped to a ``(N, C, H, W)`` parameter when N and C agree and
-    ``L == H * W``. Any other pair of shapes is left as it is: equal ones load, others meet the
-    loader's shape check. mmseg 1.2.2's and mmdet 3.3.0's parameter is ``(1, L, C)`` itself, the
-    checkpoint's layout (their own ``init_weights`` unpacks it as 4-D and fails)."""
-    stored, current = state.get('absolute_pos_embed'), model_state.get('absolute_pos_embed')
-    if stored is None or current is None or stored.dim() != 3 or current.dim() != 4:
-        return state
-    batch, length, channels = stored.shape
-    model_batch, model_channels, height, width = current.shape
-    if (batch, channels, length) == (model_batch, model_channels, height * width):
-        state['absolute_pos_embed'] = stored.view(batch, height, width, channels).permute(
-            0, 3, 1, 2).contiguous()
-    return state
-
-
 class SwinStages(SwappedAttentionMixin):
     """Swin (mmseg's or mmdet's): blocks in ``stages[i].blocks``; a swapped block's
     ``ShiftWindowMSA`` becomes a window-free global mixer."""
@@ -96,7 +78,6 @@ class SwinStages(SwappedAttentionMixin):
         return WindowFreeAttention(mixer, proj_drop=window_msa.proj_drop, drop_path=stock.drop)
 
     def adapt_state(self, state, model_state):
-        state = reshape_absolute_pos_embed(state, model_state)
         return resize_relative_position_tables(state, model_state)
 
 
