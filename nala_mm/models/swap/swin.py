@@ -2,23 +2,19 @@
 
 Everything Swin-specific is here: where a stage's blocks are (``stages[i].blocks``), the module
 that takes a ``ShiftWindowMSA``'s place (:class:`WindowFreeAttention`: no window partition,
-shift or window padding), the upstream attention layout that carries over, the softmax stages'
-relative-position tables resized to the model's window, and mmdet's ``convert_weights`` for the
-official Swin layout.
-Registered: ``NaLaSwinTransformer`` in mmseg's registry and in mmdet's (one subclass of each
-package's parent).
+shift or window padding), the upstream attention layout that carries over, and the softmax
+stages' relative-position tables resized to the model's window.
+Registered: ``NaLaSwinTransformer`` in mmseg's registry; mmdet's, a subclass of mmdet's parent
+with its ``convert_weights``, is :class:`.detection.DetNaLaSwinTransformer`.
 """
 from typing import Dict, Mapping, Sequence
 
 import torch
-from mmdet.models.backbones import SwinTransformer as MMDetSwinTransformer
-from mmdet.models.backbones.swin import swin_converter
 from mmseg.models.backbones import SwinTransformer as MMSegSwinTransformer
 from torch import Tensor
 
 from ...registry import register_model
 from ..mixer_specs import build_mixer
-from ..state_dicts import backbone_state_dict, state_dict_of
 from .base import AttentionLayout, SwappedAttention, SwappedAttentionMixin
 
 # mmseg's / mmdet's ShiftWindowMSA (``attn``) -> WindowMSA (``w_msa``) with ``qkv`` and ``proj``
@@ -81,7 +77,7 @@ class SwinStages(SwappedAttentionMixin):
         return resize_relative_position_tables(state, model_state)
 
 
-_MIXERS_DOC = """
+SWIN_ARGS_DOC = """
     Args:
         mixers: one entry per stage: ``'softmax'`` keeps Swin's shifted-window attention
             untouched; ``'nala'``, ``'linear'`` or a registered mixer's config put that mixer,
@@ -99,20 +95,4 @@ _MIXERS_DOC = """
 
 @register_model(scope='mmseg', name='NaLaSwinTransformer')
 class SegNaLaSwinTransformer(SwinStages, MMSegSwinTransformer):
-    __doc__ = "mmseg's ``SwinTransformer`` with a token mixer per stage.\n" + _MIXERS_DOC
-
-
-@register_model(scope='mmdet', name='NaLaSwinTransformer')
-class DetNaLaSwinTransformer(SwinStages, MMDetSwinTransformer):
-    __doc__ = ("mmdet's ``SwinTransformer`` with a token mixer per stage; with "
-               "``convert_weights=True`` a checkpoint in the official Swin layout goes through "
-               "mmdet's ``swin_converter`` before the carry-over, and one already in mmdet's "
-               "layout (a file written from this model or a stock mmdet Swin) does not: "
-               "converting it again would rename ``patch_embed.projection`` to "
-               "``projectionjection``, which a non-strict load drops silently.\n" + _MIXERS_DOC)
-
-    def upstream_state(self, checkpoint):
-        state = backbone_state_dict(checkpoint)
-        if not self.convert_weights or self.in_own_layout(state):
-            return state
-        return backbone_state_dict(dict(state_dict=swin_converter(state_dict_of(checkpoint))))
+    __doc__ = "mmseg's ``SwinTransformer`` with a token mixer per stage.\n" + SWIN_ARGS_DOC

@@ -20,7 +20,8 @@ weights: this is where a linear-cost mixer changes the cost class. What is ViT-s
   ``out_indices=(num_layers - 1,)``: the last layer's stride-16 map, which ``SimpleFPN`` takes;
   its window blocks are ``'window'`` mixers (:mod:`nala_mm.models.window_attention`).
 
-Registered: ``NaLaVisionTransformer`` in mmseg's and in mmdet's registry (the same class).
+Registered: ``NaLaVisionTransformer`` in mmseg's registry, and the same class in mmdet's where
+mmdet is installed (:mod:`.detection`).
 """
 from typing import Dict, Mapping, Optional, Sequence, Tuple
 
@@ -120,7 +121,6 @@ class ViTLayers(SwappedAttentionMixin):
         return state
 
 
-@register_model(scope='mmdet', name='NaLaVisionTransformer')  # ViTDet (docs/vitdet.md)
 @register_model(scope='mmseg')
 class NaLaVisionTransformer(ViTLayers, VisionTransformer):
     """mmseg's ``VisionTransformer`` with a token mixer per layer.
