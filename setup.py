@@ -174,20 +174,22 @@ setup(
     # mmcv is deliberately not listed: pip would build it from source *without* its compiled
     # ops (RoIAlign, NMS), and mmseg 1.2 / mmdet 3.3 accept only mmcv < 2.2. Install mmcv 2.1
     # with its ops first (README, "Install notes").
+    # mmseg is required: every swapped ViT, ViTDet's too, subclasses mmseg's VisionTransformer.
     install_requires=[
         'torch>=2.4',  # torch.serialization.add_safe_globals (weights-only Runner checkpoints)
         'mmengine>=0.10.0,<1.0.0',
         'mmsegmentation>=1.2.0,<2.0.0',
-        'mmdet>=3.3.0,<4.0.0',
         'einops',
         'numpy<2.3',
         'ftfy',
         'regex',
-        'pycocotools',
         'matplotlib',
         'tqdm',
     ],
     extras_require={'tests': ['pytest', 'hypothesis'],
+                    # detection (default_scope 'mmdet' configs, the mmdet backbones, ViTDet's
+                    # SimpleFPN): nala_mm registers its mmdet part only where mmdet imports
+                    'det': ['mmdet>=3.3.0,<4.0.0', 'pycocotools'],
                     # tools/export_onnx.py and benchmarks/speed/deploy.py
                     'deploy': ['onnx', 'onnxruntime', 'onnxscript'],
                     # configs/imagenet: mmpretrain imports torchvision without declaring it;

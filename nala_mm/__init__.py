@@ -3,11 +3,12 @@
 ``custom_imports = dict(imports=['nala_mm'])`` in any mm config registers the backbone, the token
 mixers, ``RNGStateHook``, ``MixerStatsHook`` and ``BF16AutocastOptimWrapper`` in mmengine's root
 registries, and the stock backbones with NaLa swapped in (:mod:`nala_mm.models.swap`) in mmseg's
-and mmdet's own; where mmpretrain is installed, also the classification tail and its checkpoint
-hook in mmpretrain's (:mod:`nala_mm.models.classifier`). It changes nothing else. The host
-changes the project's tools rely on (checkpoints under weights-only loading, atomic writes, CPU
-``torchrun``, data checks) are opt-in: ``imports=['nala_mm', 'nala_mm.compat']`` (see
-:mod:`nala_mm.compat`).
+own; where mmdet imports (``pip install nala-mm[det]``), also mmdet's swapped backbones and
+ViTDet's ``SimpleFPN`` in mmdet's (without it, nothing of mmdet is imported); where mmpretrain
+is installed, also the classification tail and its checkpoint hook in mmpretrain's
+(:mod:`nala_mm.models.classifier`). It changes nothing else. The host changes the project's
+tools rely on (checkpoints under weights-only loading, atomic writes, CPU ``torchrun``, data
+checks) are opt-in: ``imports=['nala_mm', 'nala_mm.compat']`` (see :mod:`nala_mm.compat`).
 """
 import importlib.util
 

@@ -78,10 +78,10 @@ def swapped_blocks(student: SwappedAttentionMixin) -> List[str]:
 
 
 def build_teacher(student: SwappedAttentionMixin, backbone_cfg: Mapping) -> nn.Module:
-    """The student's stock parent with the config's arguments minus ``mixers`` (and without
-    any pretrained initialisation: the weights come from the checkpoint)."""
-    kwargs = {k: v for k, v in backbone_cfg.items()
-              if k not in ('type', 'mixers', 'mode', 'init_cfg', 'pretrained')}
+    """The student's stock parent with the config's arguments minus the swap's own (and
+    without any pretrained initialisation: the weights come from the checkpoint)."""
+    kwargs = {k: v for k, v in backbone_cfg.items() if k not in (
+        'type', 'mixers', 'mode', 'pretrained_mismatch', 'init_cfg', 'pretrained')}
     return student.stock_parent()(**kwargs)
 
 

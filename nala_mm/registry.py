@@ -6,6 +6,9 @@ of those default scopes, and in the upstream tools. A subclass of an mmseg or mm
 part only one host uses (the classification tail and its checkpoint hook, for mmpretrain), belongs
 to that package's own registry (``scope='mmseg'`` / ``'mmdet'`` / ``'mmpretrain'``). Registration
 never uses ``force=True``: a second module under a registered name raises and names both.
+mmdet and mmpretrain are optional hosts: their parts are registered only where they are installed
+(mmdet: :func:`host_imports`; mmpretrain is found rather than imported, in ``nala_mm/__init__.py``,
+since its import loads its models and torchvision).
 """
 import importlib
 from typing import Optional, Type
@@ -13,6 +16,17 @@ from typing import Optional, Type
 from mmengine import registry as root_registries
 from mmengine.registry import MODELS as ROOT_MODELS
 from mmengine.registry import Registry
+
+
+def host_imports(package: str) -> bool:
+    """Whether the optional host ``package`` (``'mmdet'``) imports here. Imported, not only
+    found: an installed package whose import fails (ImportError) is as absent, and has no
+    registries to join. mmdet's own ``__init__`` is light (version checks)."""
+    try:
+        importlib.import_module(package)
+    except ImportError:
+        return False
+    return True
 
 
 def registry_of(kind: str, scope: Optional[str] = None) -> Registry:

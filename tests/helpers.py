@@ -1,6 +1,7 @@
 """Plain helpers shared by the test modules (fixtures live in conftest.py)."""
 import glob
 import json
+import logging
 import os
 import os.path as osp
 import socket
@@ -76,6 +77,24 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(('127.0.0.1', 0))
         return sock.getsockname()[1]
+
+
+class LogRecords:
+    """Collects what mmengine's current logger emits (it does not propagate to pytest)."""
+
+    def __enter__(self):
+        from mmengine.logging import MMLogger
+        self.records, self.logger = [], MMLogger.get_current_instance()
+        self.handler = logging.Handler()
+        self.handler.emit = self.records.append
+        self.logger.addHandler(self.handler)
+        return self
+
+    def __exit__(self, *exc):
+        self.logger.removeHandler(self.handler)
+
+    def messages(self, level: int):
+        return [r.getMessage() for r in self.records if r.levelno == level]
 
 
 SEG_CFG = """

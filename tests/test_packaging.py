@@ -171,17 +171,24 @@ PINNED = dict(line.split('==') for line in (REPO / 'requirements' / 'tested.txt'
               .splitlines() if line and not line.startswith('#'))
 
 
-def _setup_requirements():
+def _setup_keyword(name: str):
     import ast
     tree = ast.parse((REPO / 'setup.py').read_text())
     for node in ast.walk(tree):
-        if isinstance(node, ast.keyword) and node.arg == 'install_requires':
-            return [Requirement(ast.literal_eval(e)) for e in node.value.elts]
-    raise AssertionError('setup.py has no install_requires')
+        if isinstance(node, ast.keyword) and node.arg == name:
+            return ast.literal_eval(node.value)
+    raise AssertionError(f'setup.py has no {name}')
+
+
+def _setup_requirements(*extras: str):
+    """install_requires, and the requirements of ``extras``."""
+    lines = _setup_keyword('install_requires') + [
+        line for extra in extras for line in _setup_keyword('extras_require')[extra]]
+    return [Requirement(line) for line in lines]
 
 
 def test_requirements_are_ranges_the_tested_combination_satisfies():
-    requirements = {r.name: r for r in _setup_requirements()}
+    requirements = {r.name: r for r in _setup_requirements('det')}
     assert 'mmcv' not in requirements  # built with its ops by hand (README, Install notes)
     for name in ('mmengine', 'mmsegmentation', 'mmdet'):
         spec = requirements[name].specifier
@@ -194,6 +201,16 @@ def test_requirements_are_ranges_the_tested_combination_satisfies():
     for name, requirement in requirements.items():
         installed = metadata.version(name)
         assert requirement.specifier.contains(installed, prereleases=True), (name, installed)
+
+
+def test_detection_is_an_extra_and_segmentation_needs_no_mmdet():
+    """mmdet and pycocotools come with ``nala-mm[det]`` (tests/test_optional_mmdet.py: the
+    package without them); mmseg stays required (the ViT family subclasses mmseg's)."""
+    required = {r.name for r in _setup_requirements()}
+    det = {r.name for r in _setup_requirements('det')} - required
+    assert 'mmsegmentation' in required
+    assert det == {'mmdet', 'pycocotools'}
+    assert 'mmdet' in PINNED  # make setup still installs it (tests, make demo-det)
 
 
 def test_make_setup_installed_the_tested_combination():

@@ -32,7 +32,7 @@ from torch import Tensor, nn
 
 from ..registry import register_hook, register_model
 from .pretrained import checkpoint_filter, describe_keys, layout_of
-from .state_dicts import EMA_KEY, WRAPPER_PREFIX, strip_wrapper
+from .state_dicts import EMA_KEY, WRAPPER_PREFIX, describe_shapes, shape_mismatches, strip_wrapper
 
 # The width of the released tail (their ``projection=1024``, the same for every variant).
 PROJECTION = 1024
@@ -124,8 +124,7 @@ def classifier_state_dict(state: Mapping, model: nn.Module,
     problems = []
     missing = [k for k in own if k not in tail]
     unexpected = [k for k in tail if k not in own]
-    mis_shaped = [f'{k} {tuple(tail[k].shape)} vs model {tuple(own[k].shape)}'
-                  for k in tail if k in own and tail[k].shape != own[k].shape]
+    mis_shaped = describe_shapes(shape_mismatches(tail, own))
     problems += [describe_keys(keys, what) for keys, what in (
         (missing, 'classification-tail keys missing from the checkpoint (neck/head)'),
         (unexpected, 'unexpected classification-tail keys (after renaming)'),

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from ..ops import rope_angle_buffer
 from .mixer_specs import DEFAULT_HYBRID
 from .mixers import NormAwareLinearAttention
-from .state_dicts import backbone_state_dict
+from .state_dicts import backbone_state_dict, describe_shapes, shape_mismatches
 
 
 @dataclass(frozen=True)
@@ -138,8 +138,7 @@ def checkpoint_filter(checkpoint: Mapping, model: nn.Module, use_ema: bool = Fal
     own = model.state_dict()
     missing = [k for k in own if k not in state and not NEW_KEY.match(k)]
     unexpected = [k for k in state if k not in own]
-    mis_shaped = [f'{k} {tuple(state[k].shape)} vs model {tuple(own[k].shape)}'
-                  for k in state if k in own and state[k].shape != own[k].shape]
+    mis_shaped = describe_shapes(shape_mismatches(state, own))
     if missing or unexpected or mis_shaped:
         problems = [describe_keys(keys, what) for keys, what in (
             (missing, 'backbone keys missing from the checkpoint'),

@@ -13,7 +13,8 @@ is, 2^-k a 2^k x 2^k max-pool; the default (4, 2, 1, 0.5) is ViTDet's for patch 
 (2, 1, 0.5, 0.25) gives strides 4-32 from a patch-8 ViT.
 
 Registered: ``LN2d`` (:class:`LayerNorm2d`, a norm ``norm_cfg`` can name, as ViTDet's heads do)
-and ``SimpleFPN``, in mmdet's registry.
+and ``SimpleFPN``, in mmdet's registry; :mod:`nala_mm.models` imports this module only where
+mmdet imports.
 """
 from typing import List, Optional, Sequence, Tuple
 

@@ -9,9 +9,12 @@ beside its heads. One behaviour for all of them:
   happens to own a submodule called ``module`` keeps its names;
 * where a backbone is loaded (:func:`backbone_state_dict`), a whole model's heads are dropped and
   its ``backbone.`` prefix removed.
+
+And one way to name the tensors a model holds with another shape (:func:`shape_mismatches`,
+:func:`describe_shapes`), which every loader's error or log lists.
 """
 from collections.abc import Mapping
-from typing import Dict
+from typing import Dict, List, Tuple
 
 from torch import Tensor
 
@@ -62,3 +65,21 @@ def backbone_state_dict(checkpoint: Mapping, use_ema: bool = False) -> Dict[str,
         return {key[len(BACKBONE_PREFIX):]: value for key, value in state.items()
                 if key.startswith(BACKBONE_PREFIX)}
     return state
+
+
+Shape = Tuple[int, ...]
+
+
+def shape_mismatches(state: Mapping[str, Tensor], model_state: Mapping[str, Tensor]
+                     ) -> Dict[str, Tuple[Shape, Shape]]:
+    """The keys of ``state`` that ``model_state`` holds with another shape -> (the checkpoint's
+    shape, the model's), in ``state``'s order; keys the model does not hold are not checked."""
+    return {key: (tuple(value.shape), tuple(model_state[key].shape))
+            for key, value in state.items()
+            if key in model_state and value.shape != model_state[key].shape}
+
+
+def describe_shapes(mismatches: Mapping[str, Tuple[Shape, Shape]]) -> List[str]:
+    """``'key (checkpoint shape) vs model (model shape)'`` per entry of
+    :func:`shape_mismatches`."""
+    return [f'{key} {stored} vs model {own}' for key, (stored, own) in mismatches.items()]

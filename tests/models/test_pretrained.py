@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from nala_mm.models import ARCH_SETTINGS, PRETRAINED, NaLaFormer, checkpoint_filter
-from tests.helpers import REPO, rel_err
+from tests.helpers import REPO, LogRecords, rel_err
 from tests.helpers import TINY_ARCH as TINY
 from tests.reference.released_nalaformer import VARIANTS, ReleasedNaLaFormer, released_variant
 
@@ -139,26 +139,6 @@ def test_checkpoint_rope_of_another_head_dim_is_refused(tmp_path):
     model = NaLaFormer(arch=other, init_cfg=dict(type='Pretrained', checkpoint=path))
     with pytest.raises(ValueError, match=r'layers\.0\.RoPE\.angle has shape \(8,\).*\(4,\)'):
         model.init_weights()
-
-
-class LogRecords:
-    """Collects what mmengine's current logger emits (it does not propagate to pytest)."""
-
-    def __enter__(self):
-        import logging
-
-        from mmengine.logging import MMLogger
-        self.records, self.logger = [], MMLogger.get_current_instance()
-        self.handler = logging.Handler()
-        self.handler.emit = self.records.append
-        self.logger.addHandler(self.handler)
-        return self
-
-    def __exit__(self, *exc):
-        self.logger.removeHandler(self.handler)
-
-    def messages(self, level: int):
-        return [r.getMessage() for r in self.records if r.levelno == level]
 
 
 def test_released_weights_into_cosine_kernel_warn_what_differs(tmp_path):

@@ -3,14 +3,19 @@ from a config, their stock weights carried over (docs/swap.md).
 
 One file per family of stock backbones; importing it registers its backbones:
 
-* :mod:`.swin`: ``NaLaSwinTransformer`` (mmseg and mmdet);
-* :mod:`.spatial_reduction`: ``NaLaMixVisionTransformer`` (mmseg),
-  ``NaLaPyramidVisionTransformerV2`` (mmdet);
+* :mod:`.swin`: ``NaLaSwinTransformer`` (mmseg);
+* :mod:`.spatial_reduction`: ``NaLaMixVisionTransformer`` (mmseg);
 * :mod:`.vit`: ``NaLaVisionTransformer`` (mmseg), a mixer per layer.
+
+Where mmdet imports, :mod:`.detection` registers the families' mmdet classes:
+``NaLaSwinTransformer`` (:class:`DetNaLaSwinTransformer`), ``NaLaPyramidVisionTransformerV2`` and
+ViTDet's ``NaLaVisionTransformer``. Without mmdet they are not defined, and nothing of mmdet is
+imported.
 
 What they share (the mixin, the slot a mixer takes, the carry-over of q/k/v and the
 projection) is :mod:`.base`.
 """
+from ...registry import host_imports
 from . import spatial_reduction, swin, vit
 from .base import (
                    AttentionLayout,
@@ -19,18 +24,18 @@ from .base import (
                    SwappedAttentionMixin,
                    carry_over,
 )
-from .spatial_reduction import (
-                   SPATIAL_REDUCTION_ATTENTION,
-                   NaLaMixVisionTransformer,
-                   NaLaPyramidVisionTransformerV2,
-)
-from .swin import SWIN_WINDOW_ATTENTION, DetNaLaSwinTransformer, SegNaLaSwinTransformer
+from .spatial_reduction import SPATIAL_REDUCTION_ATTENTION, NaLaMixVisionTransformer
+from .swin import SWIN_WINDOW_ATTENTION, SegNaLaSwinTransformer
 from .vit import NaLaVisionTransformer
 
 __all__ = [
     'spatial_reduction', 'swin', 'vit', 'AttentionLayout', 'CarryOverReport',
     'SwappedAttention', 'SwappedAttentionMixin',
     'carry_over', 'SPATIAL_REDUCTION_ATTENTION', 'SWIN_WINDOW_ATTENTION',
-    'SegNaLaSwinTransformer', 'DetNaLaSwinTransformer', 'NaLaMixVisionTransformer',
-    'NaLaPyramidVisionTransformerV2', 'NaLaVisionTransformer',
+    'SegNaLaSwinTransformer', 'NaLaMixVisionTransformer', 'NaLaVisionTransformer',
 ]
+
+if host_imports('mmdet'):
+    from . import detection
+    from .detection import DetNaLaSwinTransformer, NaLaPyramidVisionTransformerV2
+    __all__ += ['detection', 'DetNaLaSwinTransformer', 'NaLaPyramidVisionTransformerV2']

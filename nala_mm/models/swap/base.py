@@ -15,6 +15,12 @@ checkpoint of such mixers reads as the upstream one); what has no counterpart
 in a global mixer is dropped; the mixer's own parts (the gate rows ``qkvg[3C:]``, LePE, its
 LayerNorm ``ln``) stay as the mixer initialised them. Every tensor is accounted for in a
 :class:`CarryOverReport`.
+
+A pretrained checkpoint loads exactly or refuses: after the carry-over and the family's
+``adapt_state``, a tensor whose shape differs from the model's (a q/k/v or projection that does
+not fit its mixer, or any other tensor) raises, naming it with both shapes, unless the backbone
+was built with ``pretrained_mismatch='skip'``, which keeps such tensors as initialised and logs
+each one (a deliberate partial load).
 """
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
@@ -26,7 +32,10 @@ from torch import Tensor, nn
 from ...ops import resolve_mode
 from ..depthwise import TokenConv2d
 from ..mixer_specs import DEFAULT_HYBRID, MixerEntry, resolve_mixers
-from ..state_dicts import backbone_state_dict
+from ..state_dicts import Shape, backbone_state_dict, describe_shapes, shape_mismatches
+
+# what ``pretrained_mismatch`` does with a checkpoint tensor whose shape differs from the model's
+PRETRAINED_MISMATCH = ('raise', 'skip')
 
 
 @dataclass(frozen=True)
@@ -45,6 +54,9 @@ class CarryOverReport:
     dropped: Dict[str, List[str]] = field(default_factory=dict)             # source keys
     new: Dict[str, List[str]] = field(default_factory=dict)                 # target keys / rows
     already_swapped: List[str] = field(default_factory=list)  # the checkpoint had the mixer
+    # checkpoint tensors not loaded for their shape -> (checkpoint's shape, model's): a q/k/v or
+    # projection against the mixer rows it would fill, any other tensor against the model's
+    mis_shaped: Dict[str, Tuple[Shape, Shape]] = field(default_factory=dict)
 
     def lines(self, unit_of: Mapping[str, int], unit: str = 'stage') -> List[str]:
         """One line per stage or layer (``unit_of``: attention module name -> its index),
@@ -85,10 +97,10 @@ def carry_over(state_dict: Mapping[str, Tensor], model_state: Mapping[str, Tenso
 
     Returns:
         A new state dict (other keys untouched) and the report. A checkpoint that already holds
-        a block's mixer (one saved from a swapped model) passes through as saved.
-
-    Raises:
-        ValueError: an upstream q/k/v or projection whose shape does not fit the mixer.
+        a block's mixer (one saved from a swapped model) passes through as saved. An upstream
+        q/k/v or projection whose shape does not fit the mixer is not carried: it is taken out
+        of the state dict and listed in ``report.mis_shaped`` (the caller refuses or skips it,
+        :meth:`SwappedAttentionMixin.carry_over_checkpoint`).
     """
     state = dict(state_dict)
     report = CarryOverReport()
@@ -105,9 +117,11 @@ def carry_over(state_dict: Mapping[str, Tensor], model_state: Mapping[str, Tenso
         if f'{target}qkvg.weight' in state:
             report.already_swapped.append(name)
         if stock_layout:
-            carried, new = _carry_as_is(state, model_state, source, target, layout), []
+            carried, new = _carry_as_is(state, model_state, source, target, layout,
+                                        report.mis_shaped), []
         else:
-            carried, new = _carry_into_qkvg(state, model_state, source, target, layout)
+            carried, new = _carry_into_qkvg(state, model_state, source, target, layout,
+                                            report.mis_shaped)
         if carried:
             mixer_keys = [k for k in model_state if k.startswith(target)]
             filled = {t.split('[')[0] for _, t in carried}
@@ -126,60 +140,65 @@ def _stock_layout_pairs(layout: AttentionLayout) -> Tuple[Tuple[str, str], ...]:
             (layout.proj_weight, 'proj.weight'), (layout.proj_bias, 'proj.bias'))
 
 
+def _take(state: Dict[str, Tensor], key: str, expected: Shape,
+          mis_shaped: Dict[str, Tuple[Shape, Shape]]) -> Optional[Tensor]:
+    """``state[key]``, taken out of ``state``, when it has the ``expected`` shape; ``None`` when
+    it is absent or, recorded in ``mis_shaped``, of another shape."""
+    if key not in state:
+        return None
+    value = state.pop(key)
+    if tuple(value.shape) != tuple(expected):
+        mis_shaped[key] = (tuple(value.shape), tuple(expected))
+        return None
+    return value
+
+
 def _carry_as_is(state: Dict[str, Tensor], model_state: Mapping[str, Tensor], source: str,
-                 target: str, layout: AttentionLayout) -> List[Tuple[str, str]]:
+                 target: str, layout: AttentionLayout,
+                 mis_shaped: Dict[str, Tuple[Shape, Shape]]) -> List[Tuple[str, str]]:
     """A mixer in the stock layout (``qkv``, ``proj``): the tensors move unchanged."""
     carried = []
     for src, dst in _stock_layout_pairs(layout):
-        if source + src in state and target + dst in model_state:
-            value = state.pop(source + src)
-            _check_shape(source + src, value, tuple(model_state[target + dst].shape))
+        if target + dst not in model_state:
+            continue
+        value = _take(state, source + src, tuple(model_state[target + dst].shape), mis_shaped)
+        if value is not None:
             state[target + dst] = value
             carried.append((source + src, target + dst))
     return carried
 
 
 def _carry_into_qkvg(state: Dict[str, Tensor], model_state: Mapping[str, Tensor], source: str,
-                     target: str, layout: AttentionLayout
+                     target: str, layout: AttentionLayout,
+                     mis_shaped: Dict[str, Tuple[Shape, Shape]]
                      ) -> Tuple[List[Tuple[str, str]], List[str]]:
     """A gated mixer: q | k | v into ``qkvg``'s first 3C rows, the projection into
     ``out_proj``; the gate rows are new."""
     carried, new = [], []
-    qkvg_w = model_state[f'{target}qkvg.weight'].clone()
-    qkvg_b = model_state[f'{target}qkvg.bias'].clone()
-    width = qkvg_w.shape[1]
-    if source + layout.qkv_weight in state:
-        weight = state.pop(source + layout.qkv_weight)
-        _check_shape(source + layout.qkv_weight, weight, (3 * width, width))
-        qkvg_w[:3 * width] = weight
-        carried.append((source + layout.qkv_weight, f'{target}qkvg.weight[:{3 * width}]'))
-        if source + layout.qkv_bias in state:
-            bias = state.pop(source + layout.qkv_bias)
-            _check_shape(source + layout.qkv_bias, bias, (3 * width,))
-            qkvg_b[:3 * width] = bias
-            carried.append((source + layout.qkv_bias, f'{target}qkvg.bias[:{3 * width}]'))
-        else:  # the upstream projection has no bias: the same function has zero bias rows
-            qkvg_b[:3 * width] = 0
-            carried.append(('(no q/k/v bias upstream: zeros)',
-                            f'{target}qkvg.bias[:{3 * width}]'))
-        state[f'{target}qkvg.weight'] = qkvg_w
-        state[f'{target}qkvg.bias'] = qkvg_b
-        new += [f'{target}qkvg.weight[{3 * width}:]', f'{target}qkvg.bias[{3 * width}:]']
+    width = model_state[f'{target}qkvg.weight'].shape[1]
+    rows = 3 * width
+    no_bias = source + layout.qkv_bias not in state
+    weight = _take(state, source + layout.qkv_weight, (rows, width), mis_shaped)
+    bias = _take(state, source + layout.qkv_bias, (rows,), mis_shaped)
+    bias_source = source + layout.qkv_bias
+    if weight is not None and no_bias:
+        # the upstream projection has no bias: the same function has zero bias rows
+        bias, bias_source = weight.new_zeros(rows), '(no q/k/v bias upstream: zeros)'
+    for kind, value, src in (('weight', weight, source + layout.qkv_weight),
+                             ('bias', bias, bias_source)):
+        if value is not None:
+            rows_of = model_state[f'{target}qkvg.{kind}'].clone()
+            rows_of[:rows] = value
+            state[f'{target}qkvg.{kind}'] = rows_of
+            carried.append((src, f'{target}qkvg.{kind}[:{rows}]'))
+            new.append(f'{target}qkvg.{kind}[{rows}:]')
     for src, dst in ((layout.proj_weight, 'out_proj.weight'),
                      (layout.proj_bias, 'out_proj.bias')):
-        if source + src in state:
-            value = state.pop(source + src)
-            _check_shape(source + src, value, tuple(model_state[target + dst].shape))
+        value = _take(state, source + src, tuple(model_state[target + dst].shape), mis_shaped)
+        if value is not None:
             state[target + dst] = value
             carried.append((source + src, target + dst))
     return carried, new
-
-
-def _check_shape(key: str, value: Tensor, expected: Tuple[int, ...]) -> None:
-    if tuple(value.shape) != tuple(expected):
-        raise ValueError(f'checkpoint tensor {key!r} has shape {tuple(value.shape)}; the mixer '
-                         f'that replaces its attention expects {tuple(expected)} (are the '
-                         f'embed_dims / num_heads of the config those of the checkpoint?)')
 
 
 class SwappedAttention(nn.Module):
@@ -205,9 +224,10 @@ class SwappedAttentionMixin:
     """Mixed in before a stock backbone class; a family defines the hooks below.
 
     Takes ``mixers`` (one entry per stage, or per layer in a ViT; ``'softmax'`` keeps the stock
-    module, see :mod:`nala_mm.models.mixer_specs`) and ``mode`` (``'fast' | 'reference'``, for
-    every swapped mixer: :mod:`nala_mm.ops.mode`), and passes every other argument to the stock
-    parent.
+    module, see :mod:`nala_mm.models.mixer_specs`), ``mode`` (``'fast' | 'reference'``, for
+    every swapped mixer: :mod:`nala_mm.ops.mode`) and ``pretrained_mismatch`` (``'raise' |
+    'skip'``: what a ``Pretrained`` checkpoint's tensor of another shape than the model's does,
+    :meth:`carry_over_checkpoint`), and passes every other argument to the stock parent.
     """
     # the upstream attention a swapped block replaces (what :func:`carry_over` maps)
     attention_layout: AttentionLayout
@@ -215,7 +235,11 @@ class SwappedAttentionMixin:
     mixer_unit = 'stage'
 
     def __init__(self, mixers: Sequence[MixerEntry] = DEFAULT_HYBRID, mode: str = 'fast',
-                 **kwargs):
+                 pretrained_mismatch: str = 'raise', **kwargs):
+        if pretrained_mismatch not in PRETRAINED_MISMATCH:  # before the parent builds anything
+            raise ValueError(f'pretrained_mismatch={pretrained_mismatch!r}; expected one of '
+                             f'{PRETRAINED_MISMATCH}')
+        self.pretrained_mismatch = pretrained_mismatch
         super().__init__(**kwargs)
         resolve_mode(mode)  # validates
         self.mode = mode
@@ -320,34 +344,70 @@ class SwappedAttentionMixin:
                     if not issubclass(parent, SwappedAttentionMixin))
 
     def init_weights(self) -> None:
-        """As the parent, except that a checkpoint's attention weights are carried into the
-        swapped mixers (:func:`carry_over`) and the outcome is logged per stage or layer."""
+        """As the parent, except that a ``Pretrained`` checkpoint goes through
+        :meth:`carry_over_checkpoint`, also when every unit keeps its stock module: its
+        attention weights are carried into the swapped mixers, and it loads exactly or refuses.
+        The outcome is logged per stage or layer."""
         path = self._pretrained_checkpoint()
-        if path is None or not self.swapped_names:
+        if path is None:
             super().init_weights()
             return
         logger = MMLogger.get_current_instance()
         checkpoint = CheckpointLoader.load_checkpoint(path, map_location='cpu', logger=logger)
         state, report = self.carry_over_checkpoint(checkpoint, path)
+        if report.mis_shaped:  # only with 'skip': 'raise' raised above
+            logger.warning(
+                f"{type(self).__name__}: pretrained_mismatch='skip': "
+                f'{_tensors(len(report.mis_shaped))} of {path} with a shape other than the '
+                f"model's keep their initialisation (checkpoint vs model):\n  "
+                + '\n  '.join(describe_shapes(report.mis_shaped)))
         load_state_dict(self, state, strict=False, logger=logger)
         self.carry_over_report: CarryOverReport = report
         model_keys = self.state_dict().keys()
-        matched = sum(key in state for key in model_keys)
-        logger.info(f'{type(self).__name__}: {matched} of {len(model_keys)} tensors from '
-                    f'{path}; attention carried into the swapped {self.mixer_unit}s:\n  '
-                    + '\n  '.join(report.lines(self.swapped_names, self.mixer_unit)))
+        # every key of both has the model's shape now: those are the tensors that loaded
+        loaded = sum(key in state for key in model_keys)
+        units = (f'attention carried into the swapped {self.mixer_unit}s:\n  ' + '\n  '.join(
+            report.lines(self.swapped_names, self.mixer_unit)) if self.swapped_names
+            else f'every {self.mixer_unit} keeps its stock attention')
+        logger.info(f'{type(self).__name__}: {loaded} of {len(model_keys)} tensors from '
+                    f'{path}; {units}')
 
     def carry_over_checkpoint(self, checkpoint: Mapping, source: str = 'the checkpoint'
                               ) -> Tuple[Dict[str, Tensor], CarryOverReport]:
         """A stock (or swapped) checkpoint's contents -> the state dict to load into this
-        backbone, and the carry-over report. Raises when nothing in it fits the backbone."""
+        backbone, and the carry-over report.
+
+        After the carry-over and :meth:`adapt_state` (what the parent's ``init_weights`` does:
+        converted layouts, resized position tables), every tensor must have the model's shape.
+        With ``pretrained_mismatch='raise'`` one that does not raises a ``ValueError`` naming it,
+        both shapes and ``source``; with ``'skip'`` it is left out of the state dict (the model
+        keeps it as initialised) and listed in ``report.mis_shaped``. Also raises when nothing
+        in the checkpoint fits the backbone."""
         state = self.upstream_state(checkpoint)
         model_state = self.state_dict()
         state, report = carry_over(state, model_state, self.swapped_names, self.attention_layout)
         state = self.adapt_state(state, model_state)
+        report.mis_shaped.update(shape_mismatches(state, model_state))
+        if report.mis_shaped and self.pretrained_mismatch == 'raise':
+            raise ValueError(
+                f'{type(self).__name__}: {_tensors(len(report.mis_shaped))} of {source} with a '
+                f"shape other than the model's (checkpoint vs model; a q/k/v or projection "
+                f'carried into a mixer against the mixer rows it fills):\n  '
+                + '\n  '.join(describe_shapes(report.mis_shaped))
+                + '\nIs the config\'s architecture the checkpoint\'s (in_channels, embed_dims, '
+                'num_heads, the FFN ratio)? To load the rest and keep these tensors as '
+                "initialised, build the backbone with pretrained_mismatch='skip'.")
+        for key in report.mis_shaped:
+            state.pop(key, None)  # carry_over already took out the attention tensors
         if not any(key in model_state for key in state):
             stock = self.stock_parent()
+            skipped = (f'; {_tensors(len(report.mis_shaped))} of another shape skipped'
+                       if report.mis_shaped else '')
             raise ValueError(f'{type(self).__name__}: no tensor of {source} matches a parameter '
-                             f'of the backbone (first keys: {sorted(state)[:5]}); expected a '
-                             f'checkpoint of {stock.__module__}.{stock.__name__}')
+                             f'of the backbone (first keys: {sorted(state)[:5]}{skipped}); '
+                             f'expected a checkpoint of {stock.__module__}.{stock.__name__}')
         return state, report
+
+
+def _tensors(count: int) -> str:
+    return f'{count} tensor{"" if count == 1 else "s"}'

@@ -4,20 +4,16 @@ per stage.
 Both hold a stage's blocks in ``layers[i][1]`` and attend through mmcv's ``MultiheadAttention``
 whose keys and values first pass a strided ``sr`` conv and its ``norm``. A swapped block attends
 at full resolution instead (:class:`FullResolutionAttention`; ``sr`` and ``norm`` are dropped
-from a checkpoint). Registered: ``NaLaMixVisionTransformer`` in mmseg's registry and
-``NaLaPyramidVisionTransformerV2`` in mmdet's (mmseg configs reach it as
-``mmdet.NaLaPyramidVisionTransformerV2``).
+from a checkpoint). Registered: ``NaLaMixVisionTransformer`` in mmseg's registry; PVTv2's
+``NaLaPyramidVisionTransformerV2``, in mmdet's, is in :mod:`.detection`.
 """
 from typing import Optional, Sequence
 
-from mmdet.models.backbones import PyramidVisionTransformerV2
-from mmdet.models.backbones.pvt import pvt_convert
 from mmseg.models.backbones import MixVisionTransformer
 from torch import Tensor
 
 from ...registry import register_model
 from ..mixer_specs import build_mixer
-from ..state_dicts import backbone_state_dict, state_dict_of
 from .base import AttentionLayout, SwappedAttention, SwappedAttentionMixin
 
 # mmseg's EfficientMultiheadAttention and mmdet's SpatialReductionAttention: mmcv's
@@ -62,26 +58,9 @@ class NaLaMixVisionTransformer(SpatialReductionStages, MixVisionTransformer):
         mixers: ``'softmax'`` keeps MiT's spatial-reduction attention; ``'nala'``, ``'linear'``
             or a mixer config attend at full resolution instead (no ``sr`` conv).
         mode: ``'fast'`` or ``'reference'`` for every swapped mixer (:mod:`nala_mm.ops.mode`).
+        pretrained_mismatch: what a tensor of the ``Pretrained`` checkpoint whose shape differs
+            from the model's does: ``'raise'`` (default) raises a ``ValueError`` naming it and
+            both shapes (the stock parent only warns); ``'skip'`` keeps it as initialised and
+            logs it, for a deliberate partial load (e.g. ``in_channels=4`` from an RGB file).
         **kwargs: every argument of mmseg's ``MixVisionTransformer``.
     """
-
-
-@register_model(scope='mmdet')
-class NaLaPyramidVisionTransformerV2(SpatialReductionStages, PyramidVisionTransformerV2):
-    """mmdet's ``PyramidVisionTransformerV2`` with a token mixer per stage.
-
-    Args:
-        mixers: ``'softmax'`` keeps PVTv2's spatial-reduction attention; ``'nala'``,
-            ``'linear'`` or a mixer config attend at full resolution instead (no ``sr`` conv).
-        mode: ``'fast'`` or ``'reference'`` for every swapped mixer (:mod:`nala_mm.ops.mode`).
-        **kwargs: every argument of mmdet's ``PyramidVisionTransformerV2``; with
-            ``convert_weights=True`` (its default) a checkpoint in the official PVT layout is
-            converted by mmdet's ``pvt_convert`` before the carry-over (one already in mmdet's
-            layout is not converted again).
-    """
-
-    def upstream_state(self, checkpoint):
-        state = backbone_state_dict(checkpoint)
-        if not self.convert_weights or self.in_own_layout(state):  # not converted twice
-            return state
-        return backbone_state_dict(dict(state_dict=pvt_convert(state_dict_of(checkpoint))))

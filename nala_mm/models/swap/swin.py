@@ -2,22 +2,19 @@
 
 Everything Swin-specific is here: where a stage's blocks are (``stages[i].blocks``), the module
 that takes a ``ShiftWindowMSA``'s place (:class:`WindowFreeAttention`: no window partition,
-shift or window padding), the upstream attention layout that carries over, the softmax stages'
-relative-position tables resized to the model's window, and mmdet's ``convert_weights`` for the
-official Swin layout. Registered: ``NaLaSwinTransformer`` in mmseg's registry and in mmdet's (one
-subclass of each package's parent).
+shift or window padding), the upstream attention layout that carries over, and the softmax
+stages' relative-position tables resized to the model's window.
+Registered: ``NaLaSwinTransformer`` in mmseg's registry; mmdet's, a subclass of mmdet's parent
+with its ``convert_weights``, is :class:`.detection.DetNaLaSwinTransformer`.
 """
 from typing import Dict, Mapping, Sequence
 
 import torch
-from mmdet.models.backbones import SwinTransformer as MMDetSwinTransformer
-from mmdet.models.backbones.swin import swin_converter
 from mmseg.models.backbones import SwinTransformer as MMSegSwinTransformer
 from torch import Tensor
 
 from ...registry import register_model
 from ..mixer_specs import build_mixer
-from ..state_dicts import backbone_state_dict, state_dict_of
 from .base import AttentionLayout, SwappedAttention, SwappedAttentionMixin
 
 # mmseg's / mmdet's ShiftWindowMSA (``attn``) -> WindowMSA (``w_msa``) with ``qkv`` and ``proj``
@@ -38,21 +35,25 @@ class WindowFreeAttention(SwappedAttention):
 def resize_relative_position_tables(state: Dict[str, Tensor],
                                     model_state: Mapping[str, Tensor]) -> Dict[str, Tensor]:
     """Swin's softmax stages: bicubic-resize a pretrained relative-position table to the
-    model's window, as the stock Swin's ``init_weights`` does (its number of heads must agree).
-    """
+    model's window, as the stock Swin's ``init_weights`` does. A table of another number of
+    heads is left as it is (the stock Swin skips it), for the loader's shape check. Beside a
+    resized table, the checkpoint's ``relative_position_index`` of the other window is dropped:
+    the index is no weight but a function of the window, which the model built for its own
+    (the stock Swin's load fails on it)."""
     for key in [k for k in state if k.endswith('relative_position_bias_table')]:
         if key not in model_state:
             continue
         table, current = state[key], model_state[key]
-        if table.shape[1] != current.shape[1]:
-            raise ValueError(f'{key}: checkpoint has {table.shape[1]} heads, the model '
-                             f'{current.shape[1]}')
-        if table.shape[0] != current.shape[0]:
+        if table.shape[1] == current.shape[1] and table.shape[0] != current.shape[0]:
             side, new_side = round(table.shape[0] ** 0.5), round(current.shape[0] ** 0.5)
             grid = table.permute(1, 0).reshape(1, table.shape[1], side, side)
             grid = torch.nn.functional.interpolate(grid, size=(new_side, new_side),
                                                    mode='bicubic')
             state[key] = grid.reshape(current.shape[1], -1).permute(1, 0).contiguous()
+            index = key.replace('relative_position_bias_table', 'relative_position_index')
+            if index in state and index in model_state and \
+                    state[index].shape != model_state[index].shape:
+                del state[index]
     return state
 
 
@@ -76,33 +77,22 @@ class SwinStages(SwappedAttentionMixin):
         return resize_relative_position_tables(state, model_state)
 
 
-_MIXERS_DOC = """
+SWIN_ARGS_DOC = """
     Args:
         mixers: one entry per stage: ``'softmax'`` keeps Swin's shifted-window attention
             untouched; ``'nala'``, ``'linear'`` or a registered mixer's config put that mixer,
             attending over the whole stage, in every block of the stage. Default: NaLa in the
             two high-resolution stages, as released.
         mode: ``'fast'`` or ``'reference'`` for every swapped mixer (:mod:`nala_mm.ops.mode`).
+        pretrained_mismatch: what a tensor of the ``Pretrained`` checkpoint whose shape differs
+            from the model's (after the carry-over and the resizing of relative-position
+            tables) does: ``'raise'`` (default) raises a ``ValueError`` naming it and both
+            shapes; ``'skip'`` keeps it as initialised and logs it, for a deliberate partial
+            load (e.g. ``in_channels=4`` from an RGB checkpoint).
         **kwargs: every argument of the parent. A ``Pretrained`` ``init_cfg`` of a stock Swin
             checkpoint carries q/k/v and the projection into the mixers (:mod:`.base`)."""
 
 
 @register_model(scope='mmseg', name='NaLaSwinTransformer')
 class SegNaLaSwinTransformer(SwinStages, MMSegSwinTransformer):
-    __doc__ = "mmseg's ``SwinTransformer`` with a token mixer per stage.\n" + _MIXERS_DOC
-
-
-@register_model(scope='mmdet', name='NaLaSwinTransformer')
-class DetNaLaSwinTransformer(SwinStages, MMDetSwinTransformer):
-    __doc__ = ("mmdet's ``SwinTransformer`` with a token mixer per stage; with "
-               "``convert_weights=True`` a checkpoint in the official Swin layout goes through "
-               "mmdet's ``swin_converter`` before the carry-over, and one already in mmdet's "
-               "layout (a file written from this model or a stock mmdet Swin) does not: "
-               "converting it again would rename ``patch_embed.projection`` to "
-               "``projectionjection``, which a non-strict load drops silently.\n" + _MIXERS_DOC)
-
-    def upstream_state(self, checkpoint):
-        state = backbone_state_dict(checkpoint)
-        if not self.convert_weights or self.in_own_layout(state):
-            return state
-        return backbone_state_dict(dict(state_dict=swin_converter(state_dict_of(checkpoint))))
+    __doc__ = "mmseg's ``SwinTransformer`` with a token mixer per stage.\n" + SWIN_ARGS_DOC

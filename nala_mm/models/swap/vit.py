@@ -20,7 +20,8 @@ weights: this is where a linear-cost mixer changes the cost class. What is ViT-s
   ``out_indices=(num_layers - 1,)``: the last layer's stride-16 map, which ``SimpleFPN`` takes;
   its window blocks are ``'window'`` mixers (:mod:`nala_mm.models.window_attention`).
 
-Registered: ``NaLaVisionTransformer`` in mmseg's and in mmdet's registry (the same class).
+Registered: ``NaLaVisionTransformer`` in mmseg's registry, and the same class in mmdet's where
+mmdet is installed (:mod:`.detection`).
 """
 from typing import Dict, Mapping, Optional, Sequence, Tuple
 
@@ -120,7 +121,6 @@ class ViTLayers(SwappedAttentionMixin):
         return state
 
 
-@register_model(scope='mmdet', name='NaLaVisionTransformer')  # ViTDet (docs/vitdet.md)
 @register_model(scope='mmseg')
 class NaLaVisionTransformer(ViTLayers, VisionTransformer):
     """mmseg's ``VisionTransformer`` with a token mixer per layer.
@@ -133,6 +133,11 @@ class NaLaVisionTransformer(ViTLayers, VisionTransformer):
             are ViTDet's stock softmax in 14 x 14 windows and globally through SDPA.
         mode: ``'fast'`` or ``'reference'`` for every swapped layer's mixer
             (:mod:`nala_mm.ops.mode`).
+        pretrained_mismatch: what a tensor of the ``Pretrained`` checkpoint whose shape differs
+            from the model's (after the positional embedding's resize) does: ``'raise'``
+            (default) raises a ``ValueError`` naming it and both shapes (the stock parent only
+            warns); ``'skip'`` keeps it as initialised and logs it, for a deliberate partial
+            load (e.g. ``in_channels=4`` from an RGB file).
         **kwargs: every argument of mmseg's ``VisionTransformer``. A ``Pretrained`` ``init_cfg``
             (or ``pretrained``) of a stock ViT checkpoint carries each swapped layer's q/k/v and
             output projection into its mixer (:mod:`.base`).
