@@ -12,6 +12,9 @@ from typing import Dict
 
 import pytest
 import torch
+import torch.nn.functional as F
+
+from nala_mm.ops import FeatureMap
 
 REPO = Path(__file__).resolve().parents[1]
 # What a device-parametrised test runs on (fla's pattern): the CPU, and CUDA where there is one;
@@ -24,6 +27,18 @@ DEMO_DET_CFG = str(REPO / 'configs' / 'demo' / 'coco_demo_nala_mask-rcnn.py')
 # A backbone small enough for unit tests, with every stage's head dim divisible by 4
 TINY_ARCH = dict(embed_dims=(16, 32, 48, 64), depths=(1, 1, 2, 1), num_heads=(1, 2, 4, 4),
                  mlp_ratios=(2, 2, 2, 2))
+
+
+class SquaredReLU(FeatureMap):
+    """``relu(x)^2``: a user's map that the package does not ship (docs/mixers.md's example),
+    registered by being defined."""
+    flops_per_feature = 2
+
+    def forward(self, x):
+        return F.relu(x).square()
+
+    def backward(self, x, d_features):
+        return d_features * 2 * F.relu(x)
 
 
 def rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:

@@ -12,21 +12,9 @@ from mmengine.registry import MODELS
 from nala_mm.analysis import analyze_backbone, count_flops
 from nala_mm.models import KernelizedMixer, NaLaFormer
 from nala_mm.models.swap import SegNaLaSwinTransformer
-from nala_mm.ops import FeatureMap
 from nala_mm.registry import register_model
-from tests.helpers import TINY_ARCH, rel_err
+from tests.helpers import TINY_ARCH, SquaredReLU, rel_err
 from tests.reference import formulas
-
-
-class SquaredReLU(FeatureMap):
-    """``relu(x)^2``: a positive map the package does not ship."""
-    flops_per_feature = 2
-
-    def forward(self, x):
-        return F.relu(x).square()
-
-    def backward(self, x, d_features):
-        return d_features * 2 * F.relu(x)
 
 
 class ToySquaredReLUAttention(KernelizedMixer):

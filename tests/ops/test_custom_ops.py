@@ -23,19 +23,8 @@ from nala_mm.ops.attention.feature_maps import (
     feature_map_from_spec,
     feature_map_spec,
 )
-from tests.helpers import DEVICES, TINY_ARCH, rel_err
+from tests.helpers import DEVICES, TINY_ARCH, SquaredReLU, rel_err
 from tests.reference import formulas
-
-
-class SquaredReLU(FeatureMap):
-    """A user's map (docs/mixers.md): registered by being defined."""
-    flops_per_feature = 2
-
-    def forward(self, x):
-        return F.relu(x).square()
-
-    def backward(self, x, d_features):
-        return d_features * 2 * F.relu(x)
 
 
 class Shifted(FeatureMap):
