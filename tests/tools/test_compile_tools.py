@@ -106,4 +106,4 @@ def test_compiled_detector_training_follows_the_input_size(tmp_path, tiny_coco):
                                                      classes=tuple(COCO_DEMO_CLASSES)))
     log = run_tool('tools/train.py', config, '--compile', '--work-dir', tmp_path / 'work',
                    timeout=3600)
-    assert 'Model has been "compiled"' in log and re.search(r'Iter\(train\) \[4/4\]', log)
+    assert 'Model has been "compiled"' in log and re.search(r'Epoch\(train\) \[1\]\[4/4\]', log)
