@@ -308,7 +308,7 @@ def stage_backbones(args, results: Results) -> None:
 def stage_compiled_training(args, results: Results) -> None:
     import torch
 
-    from nala_mm.compile import compile_regions
+    from nala_mm.apis.compile import compile_regions
     side = 64 if args.tiny else 1024
     for name in ('nala_t_linear', 'swin_t'):
         for engine in ('compiled', 'eager'):

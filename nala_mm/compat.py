@@ -53,7 +53,7 @@ from .checkpoint_safety import (
     load_from_local,
     numpy_safe_globals,
 )
-from .compile import eager_optimizer_updates
+from .apis.compile import eager_optimizer_updates
 from .datasets.checks import install_dataset_checks
 from .distributed import cpu_aware_pytorch_launcher
 

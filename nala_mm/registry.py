@@ -4,8 +4,9 @@ Scope-neutral modules (the backbone, the token mixers) go into mmengine's root `
 mmdet's and mmpretrain's registries are its children and find an unscoped ``type`` there under any
 of those default scopes, and in the upstream tools. A subclass of an mmseg or mmdet class, or a
 part only one host uses (the classification tail and its checkpoint hook, for mmpretrain), belongs
-to that package's own registry (``scope='mmseg'`` / ``'mmdet'`` / ``'mmpretrain'``). Registration
-never uses ``force=True``: a second module under a registered name raises and names both.
+to that package's own registry (``scope='mmseg'`` / ``'mmdet'`` / ``'mmpretrain'``). Every
+registration in the package goes through the decorators below (one style) and never uses
+``force=True``: a second module under a registered name raises and names both.
 mmdet and mmpretrain are optional hosts: their parts are registered only where they are installed
 (mmdet: :func:`host_imports`; mmpretrain is found rather than imported, in ``nala_mm/__init__.py``,
 since its import loads its models and torchvision).
@@ -30,7 +31,7 @@ def host_imports(package: str) -> bool:
 
 
 def registry_of(kind: str, scope: Optional[str] = None) -> Registry:
-    """mmengine's root registry ``kind`` (``'MODELS'``, ``'HOOKS'``; ``scope=None``) or the
+    """mmengine's root registry ``kind`` (``'MODELS'``, ``'HOOKS'``, ...; ``scope=None``) or the
     registry of that name in package ``scope``."""
     if scope is None:
         return getattr(root_registries, kind)
@@ -74,3 +75,16 @@ def register_hook(cls: Optional[Type] = None, *, scope: Optional[str] = None,
                   name: Optional[str] = None):
     """Class decorator: as :func:`register_model`, into a ``HOOKS`` registry."""
     return _registrar('HOOKS', cls, scope, name)
+
+
+def register_optim_wrapper(cls: Optional[Type] = None, *, scope: Optional[str] = None,
+                           name: Optional[str] = None):
+    """Class decorator: as :func:`register_model`, into an ``OPTIM_WRAPPERS`` registry."""
+    return _registrar('OPTIM_WRAPPERS', cls, scope, name)
+
+
+def register_optim_wrapper_constructor(cls: Optional[Type] = None, *,
+                                       scope: Optional[str] = None, name: Optional[str] = None):
+    """Class decorator: as :func:`register_model`, into an ``OPTIM_WRAPPER_CONSTRUCTORS``
+    registry."""
+    return _registrar('OPTIM_WRAPPER_CONSTRUCTORS', cls, scope, name)

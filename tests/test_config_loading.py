@@ -1,7 +1,7 @@
 """Configs read as the upstream tools read them, and packaged configs found by their scope."""
 import os.path as osp
 
-from nala_mm.config_loading import resolve_config_path
+from nala_mm.apis.config_loading import resolve_config_path
 
 
 def test_resolve_config_path_finds_packaged_configs():

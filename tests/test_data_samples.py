@@ -1,8 +1,8 @@
-"""Synthetic batches (nala_mm.data_samples): what the benchmarks and tools feed a model."""
+"""Synthetic batches (nala_mm.apis.data_samples): what the benchmarks and tools feed a model."""
 import pytest
 import torch
 
-from nala_mm.data_samples import data_samples, synthetic_batch
+from nala_mm.apis.data_samples import data_samples, synthetic_batch
 
 
 def test_segmentation_batch_has_images_metadata_and_ground_truth_in_range():

@@ -1,6 +1,6 @@
-"""Deployment: the export path computes what the fast path does, and :mod:`nala_mm.deploy` (with
-its command line tools/export_onnx.py) writes ONNX graphs that ONNX Runtime runs to within 1e-4
-of PyTorch, at sizes other than the export's."""
+"""Deployment: the export path computes what the fast path does, and :mod:`nala_mm.apis.export`
+(with its command line tools/export_onnx.py) writes ONNX graphs that ONNX Runtime runs to within
+1e-4 of PyTorch, at sizes other than the export's."""
 import os
 import os.path as osp
 import re
@@ -13,7 +13,7 @@ import torch
 from torch.autograd.function import BackwardCFunction
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from nala_mm.deploy import (
+from nala_mm.apis.export import (
     DEFAULT_TOLERANCE,
     ExportableAdaptiveAvgPool2d,
     ExportableUpsample,
@@ -171,7 +171,7 @@ def exports(tmp_path_factory):
     backbone through the legacy exporter; both tool runs at once (an export is mostly one busy
     Python thread)."""
     need_onnx_runtime()
-    from nala_mm.config_loading import build_model_from_config
+    from nala_mm.apis.config_loading import build_model_from_config
     work = tmp_path_factory.mktemp('export')
     torch.manual_seed(0)
     segmentor, _ = build_model_from_config(SEG_DEMO)  # hybrid NaLa/softmax + UperNet, 6 classes

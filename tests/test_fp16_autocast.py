@@ -19,7 +19,7 @@ import torch
 from mmengine.dataset import pseudo_collate
 from mmengine.registry import init_default_scope
 
-from nala_mm.config_loading import load_config
+from nala_mm.apis.config_loading import load_config
 from nala_mm.models import (
     DEFAULT_HYBRID,
     GatedAttention,

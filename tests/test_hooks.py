@@ -1,5 +1,5 @@
 """RNGStateHook's choice of saved state per rank, when the world size changes."""
-from nala_mm.hooks import select_rng_state
+from nala_mm.engine.hooks.rng_state_hook import select_rng_state
 
 
 def _rank_states(count):

@@ -34,7 +34,7 @@ import nala_mm
 import torch
 from mmengine.config import Config
 from mmseg.registry import MODELS
-from nala_mm.config_loading import build_model, build_model_from_config, load_config
+from nala_mm.apis.config_loading import build_model, build_model_from_config, load_config
 
 model, scope = build_model_from_config(SEG)
 with torch.no_grad():

@@ -220,7 +220,7 @@ def test_make_setup_installed_the_tested_combination():
 
 # ------------------------------------------------------------------------------ installed paths
 def test_config_path_finds_configs_by_basename_and_relative_path():
-    from nala_mm.config_path import all_configs, config_path, configs_root
+    from nala_mm.apis.config_path import all_configs, config_path, configs_root
     root = configs_root()
     by_name = config_path('ade20k_demo_nala_upernet.py')
     assert by_name == osp.join(root, 'demo', 'ade20k_demo_nala_upernet.py')
@@ -237,7 +237,7 @@ def test_a_user_config_inherits_an_installed_config_by_its_absolute_path(tmp_pat
     """The documented route: mmengine's pkg:: bases know only its own packages."""
     from mmengine.config import Config
 
-    from nala_mm.config_path import config_path
+    from nala_mm.apis.config_path import config_path
     mine = tmp_path / 'mine.py'
     mine.write_text(f"_base_ = [{config_path('ade20k_nala_upernet.py')!r}]\n"
                     "model = dict(backbone=dict(drop_path_rate=0.2))\n")
@@ -330,7 +330,7 @@ def test_wheel_and_sdist_carry_configs_tools_and_model_index(built):
         assert not links
         record = archive.read(next(n for n in names if n.endswith('RECORD'))).decode()
         assert 'nala_mm/.mim/model-index.yml' in record
-        assert 'nala_mm/config_path.py' in names
+        assert 'nala_mm/apis/config_path.py' in names
     with tarfile.open(sdist) as archive:
         top = archive.getnames()[0].split('/')[0]
         members = {m.name[len(top) + 1:]: m for m in archive.getmembers()}
@@ -374,7 +374,7 @@ def mim_from_an_empty_folder(python: str, folder: Path, env: dict, package_dir: 
     found = json.loads((folder / 'search.json').read_text())  # pandas' layout: field -> model
     assert sorted(found['config'].values()) == sorted(
         osp.relpath(p, REPO) for p in RUNNABLE)
-    path = _run([python, '-m', 'nala_mm.config_path', 'ade20k_nala_upernet.py'], folder,
+    path = _run([python, '-m', 'nala_mm.apis.config_path', 'ade20k_nala_upernet.py'], folder,
                 env).strip().splitlines()[-1]
     assert path == osp.join(package_dir, '.mim', 'configs', 'ade20k_nala_upernet.py')
     (folder / 'mine.py').write_text(f"_base_ = [{path!r}]\n")

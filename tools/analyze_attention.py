@@ -38,7 +38,7 @@ from tqdm import tqdm  # noqa: E402
 from nala_mm import compat  # noqa: E402
 from nala_mm.analysis import LayerStats, analyze_backbone, preprocess  # noqa: E402
 from nala_mm.analysis.attention_stats import Point, Size  # noqa: E402
-from nala_mm.config_loading import build_model_from_config, resolve_config_path  # noqa: E402
+from nala_mm.apis.config_loading import build_model_from_config, resolve_config_path  # noqa: E402
 
 MAX_SIDE = 1024  # default cap on the longer image side
 

@@ -22,7 +22,7 @@ many boxes random weights leave, so detector latencies are indicative only.
   change in the machine's load reaches both alike; the ratio is the median of the per-round
   ratios (CONFIG2 over CONFIG).
 * ``--amp``: autocast, fp16 on CUDA, bf16 on CPU (as ``tools/train.py --amp``).
-* ``--compile``: the feature extraction through ``torch.compile`` (:mod:`nala_mm.compile`); the
+* ``--compile``: the feature extraction through ``torch.compile`` (:mod:`nala_mm.apis.compile`); the
   first call, which compiles, is timed apart (``compile_seconds``) before the warm-up runs.
 
 ``--out`` writes JSON: per model ``latency_ms`` (median, best, all), ``fps`` and ``memory_mib``;
@@ -108,8 +108,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 def inference_step(config: str, case: dict) -> Tuple[Callable[[], object], Optional[float]]:
     """The model of ``config`` on ``case['device']`` and one ``test_step`` on the synthetic batch,
     as a callable; and with ``case['compile']`` the seconds of the first, compiling call."""
-    from nala_mm.config_loading import build_model_from_config
-    from nala_mm.data_samples import synthetic_batch
+    from nala_mm.apis.config_loading import build_model_from_config
+    from nala_mm.apis.data_samples import synthetic_batch
     device = case['device']
     model, scope = build_model_from_config(config, case.get('cfg_options') or None)
     model = model.to(device)
@@ -121,7 +121,7 @@ def inference_step(config: str, case: dict) -> Tuple[Callable[[], object], Optio
             return model.test_step(data)
     if not case.get('compile'):
         return step, None
-    from nala_mm.compile import compile_feature_extraction
+    from nala_mm.apis.compile import compile_feature_extraction
     compile_feature_extraction(model)
     start = time.perf_counter()
     step()

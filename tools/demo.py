@@ -19,7 +19,7 @@ from mmengine.config import DictAction
 from mmengine.runner import Runner
 
 from nala_mm import compat
-from nala_mm.config_loading import load_config
+from nala_mm.apis.config_loading import load_config
 from nala_mm.datasets.demo import DEMO_TASKS
 
 # the host changes this tool relies on (weights-only resume, atomic checkpoints, CPU torchrun,

@@ -5,7 +5,7 @@
     python tools/export_onnx.py configs/coco_nala_mask-rcnn_1x.py --shape 800 1216 \\
         --backbone-only --out backbone.onnx
 
-What is exported, and how: :mod:`nala_mm.deploy` (batch 1 unless ``--batch``; float32; graph
+What is exported, and how: :mod:`nala_mm.apis.export` (batch 1 unless ``--batch``; float32; graph
 input ``input``; outputs ``seg_logits`` or, with ``--backbone-only``, ``stage{i}``).
 ``--dynamic`` makes H and W symbolic; ``--exporter torchscript`` uses torch's legacy tracing
 exporter instead of ``torch.onnx.export(dynamo=True)``.
@@ -26,7 +26,7 @@ import torch
 from mmengine.config import DictAction
 
 from nala_mm import compat
-from nala_mm.deploy import (
+from nala_mm.apis.export import (
     DEFAULT_OPSET,
     DEFAULT_TOLERANCE,
     DEPLOY_PACKAGES,

@@ -22,8 +22,8 @@ from mmengine.config import DictAction
 from torch import nn
 
 from nala_mm.analysis import count_flops
-from nala_mm.config_loading import build_model_from_config
-from nala_mm.data_samples import data_samples
+from nala_mm.apis.config_loading import build_model_from_config
+from nala_mm.apis.data_samples import data_samples
 from nala_mm.models import ARCH_SETTINGS, NaLaFormer
 
 

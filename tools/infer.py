@@ -4,14 +4,14 @@
 
 Segmentation configs go through mmseg's ``MMSegInferencer``, detection configs through mmdet's
 ``DetInferencer``; overlays land in ``DIR/vis``, raw predictions in ``DIR/pred``.
-``--compile`` runs the feature extraction through ``torch.compile`` (:mod:`nala_mm.compile`).
+``--compile`` runs the feature extraction through ``torch.compile`` (:mod:`nala_mm.apis.compile`).
 """
 import argparse
 import os.path as osp
 
 from nala_mm import compat
-from nala_mm.compile import compile_feature_extraction
-from nala_mm.config_loading import load_config
+from nala_mm.apis.compile import compile_feature_extraction
+from nala_mm.apis.config_loading import load_config
 
 # the host changes this tool relies on (weights-only resume, atomic checkpoints, CPU torchrun,
 # data checks): see nala_mm/compat.py

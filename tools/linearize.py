@@ -1,5 +1,6 @@
 """Linearize a softmax-trained model: train the NaLa mixers of a swapped config to reproduce its
-stock backbone's blocks, without labels (attention transfer, nala_mm.linearize; docs/linearize.md).
+stock backbone's blocks, without labels (attention transfer, nala_mm.apis.linearize;
+docs/linearize.md).
 
     python tools/linearize.py CONFIG CHECKPOINT --out OUT.pth [--iters N] [--lr LR]
         [--report FILE.json] [--target block|attention] [--inputs teacher|sequence]
@@ -36,8 +37,8 @@ from mmengine.runner import Runner
 from mmengine.runner.checkpoint import CheckpointLoader
 
 from nala_mm import compat
-from nala_mm.config_loading import build_model, load_config
-from nala_mm.linearize import (
+from nala_mm.apis.config_loading import build_model, load_config
+from nala_mm.apis.linearize import (
     INPUTS,
     PARAMS,
     TARGETS,

@@ -4,7 +4,7 @@
                          [--compile]
 
 ``--compile``: the model's feature extraction (backbone and neck) runs through ``torch.compile``
-with dynamic sizes (:mod:`nala_mm.compile`); mmengine itself leaves testing eager.
+with dynamic sizes (:mod:`nala_mm.apis.compile`); mmengine itself leaves testing eager.
 """
 import argparse
 import os
@@ -15,8 +15,8 @@ from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
 from nala_mm import compat
-from nala_mm.compile import compile_feature_extraction
-from nala_mm.config_loading import load_config
+from nala_mm.apis.compile import compile_feature_extraction
+from nala_mm.apis.config_loading import load_config
 
 # the host changes this tool relies on (weights-only resume, atomic checkpoints, CPU torchrun,
 # data checks): see nala_mm/compat.py

@@ -10,9 +10,9 @@
 
 ``--compile`` (or ``--compile whole``) sets the config's ``compile=True``: mmengine compiles the
 model's ``train_step`` with ``torch.compile`` (inductor). ``--compile regional`` compiles each
-repeated block class of the backbone once instead (:func:`nala_mm.compile.compile_regions`):
+repeated block class of the backbone once instead (:func:`nala_mm.apis.compile.compile_regions`):
 a fraction of the compile time, the rest eager. Either way the process runs under
-:func:`nala_mm.compile.apply_compile_settings` (changing input sizes train; the recompile limit
+:func:`nala_mm.apis.compile.apply_compile_settings` (changing input sizes train; the recompile limit
 raises instead of falling back to eager), validation stays eager, and checkpoints are the eager
 model's (no ``_orig_mod.`` prefix). ``docs/speed.md`` says what compiles and what it gains.
 """
@@ -24,9 +24,9 @@ from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
 from nala_mm import compat
-from nala_mm.amp import enable_amp
-from nala_mm.compile import apply_compile_settings, compile_regions
-from nala_mm.config_loading import enable_auto_scale_lr, load_config
+from nala_mm.apis.compile import apply_compile_settings, compile_regions
+from nala_mm.apis.config_loading import enable_auto_scale_lr, load_config
+from nala_mm.engine.optimizers import enable_amp
 
 # the host changes this tool relies on (weights-only resume, atomic checkpoints, CPU torchrun,
 # data checks): see nala_mm/compat.py

@@ -32,9 +32,9 @@ def step_of(precision: str, case: dict):
     """The grid's child: one training step of the demo segmentor at ``precision``."""
     from mmengine.optim import build_optim_wrapper
 
-    from nala_mm.amp import enable_amp
-    from nala_mm.config_loading import build_model, load_config
-    from nala_mm.data_samples import synthetic_batch
+    from nala_mm.apis.config_loading import build_model, load_config
+    from nala_mm.apis.data_samples import synthetic_batch
+    from nala_mm.engine.optimizers import enable_amp
     crop, batch, device = case['crop'], case['batch'], case['device']
     cfg = load_config(CONFIG)
     if precision == 'amp':

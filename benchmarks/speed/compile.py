@@ -6,13 +6,13 @@ Engines (the model's ``@`` suffix): ``eager`` / ``fast`` the hand-written custom
 ``reference`` the plain formulas, eager; ``compiled`` the model compiled whole (inductor, static
 shapes: one training size) with ``mode='fast'``, i.e. the custom ops as nodes of the graph;
 ``compiled-reference`` the reference formulas compiled, which inductor fuses itself;
-``regional`` each repeated block class compiled once (:func:`nala_mm.compile.compile_regions`).
+``regional`` each repeated block class compiled once (:func:`nala_mm.apis.compile.compile_regions`).
 
 Parts (``--parts``; each run replaces its parts' rows in the JSON, or with ``--sides`` their rows
 at those sides, and keeps the others'; each row names the code version it ran on):
 
-* ``recompiles``: graphs compiled by :func:`nala_mm.compile.compile_feature_extraction` (dynamic
-  sizes, dynamo's graph capture with ``backend='eager'``) over each size sequence of
+* ``recompiles``: graphs compiled by :func:`nala_mm.apis.compile.compile_feature_extraction`
+  (dynamic sizes, dynamo's graph capture with ``backend='eager'``) over each size sequence of
   :data:`nala_mm.analysis.recompiles.SIZE_SEQUENCES`, after each size;
 * ``layer``: the NaLa layer (NaLaFormer-T's stage-1 shape, C = 64, one head, channels-last
   tokens), forward + backward at 4,096 and 16,384 tokens; on CUDA also global softmax through
@@ -133,7 +133,7 @@ def build(part: str, base: str, engine: str, device: str):
         from .vit import build as build_vit
         _, width, kind = base.split('_')
         return build_vit(width, kind, mode).to(device)
-    from nala_mm.config_loading import build_model_from_config
+    from nala_mm.apis.config_loading import build_model_from_config
 
     from .segmentor import SEGMENTORS
     model, _ = build_model_from_config(SEGMENTORS[base]['config'],
@@ -144,7 +144,7 @@ def build(part: str, base: str, engine: str, device: str):
 def compiled(module, engine: str):
     """What ``engine`` calls: the module itself (eager; regional, whose blocks are compiled in
     place here), or the module compiled whole with static shapes."""
-    from nala_mm.compile import compile_model, compile_regions
+    from nala_mm.apis.compile import compile_model, compile_regions
     if engine == 'regional':
         compile_regions(module, dynamic=False)
         return module
@@ -203,7 +203,7 @@ def make_step(name: str, case: dict) -> Step:
             x.grad = None
             module.zero_grad(set_to_none=True)
     elif part == 'upernet':
-        from nala_mm.compile import compile_feature_extraction
+        from nala_mm.apis.compile import compile_feature_extraction
         compile_feature_extraction(module.eval())  # as the tools compile it: dynamic sizes
         images = torch.randn(batch, 3, side, side, device=device)
 

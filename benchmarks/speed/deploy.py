@@ -1,7 +1,7 @@
 """Deployment benchmark: ONNX Runtime vs PyTorch eager for UperNet + NaLaFormer-T on CPU.
 
 For the all-linear and the hybrid segmentor: one graph per model with dynamic H and W
-(:func:`nala_mm.deploy.export`, as ``tools/export_onnx.py --dynamic`` writes it: input
+(:func:`nala_mm.apis.export.export`, as ``tools/export_onnx.py --dynamic`` writes it: input
 ``(1, 3, H, W)``, output the logits at input resolution), exported at the first size and run at
 every size in ONNX Runtime (CPUExecutionProvider) beside the same model in PyTorch eager (the
 fast NaLa path). One process, same weights, same input:
@@ -29,7 +29,7 @@ import torch
 
 from nala_mm.analysis import attention_layers
 from nala_mm.analysis.measure import interleaved_ms
-from nala_mm.deploy import DEFAULT_OPSET, build_exportable, export, ort_session, relative_l2
+from nala_mm.apis.export import DEFAULT_OPSET, build_exportable, export, ort_session, relative_l2
 from nala_mm.models import LinearAttention, NormAwareLinearAttention, SoftmaxAttention
 
 from ..lib import report

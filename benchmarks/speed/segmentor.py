@@ -34,8 +34,8 @@ NUM_CLASSES = 150
 
 
 def segmentor_step(name: str, side: int, mode: str, batch: int, device: str) -> Step:
-    from nala_mm.config_loading import build_model_from_config
-    from nala_mm.data_samples import data_samples
+    from nala_mm.apis.config_loading import build_model_from_config
+    from nala_mm.apis.data_samples import data_samples
     # no downloads or authors' files here: random initialisation (weights do not matter)
     model, _ = build_model_from_config(SEGMENTORS[name]['config'],
                                        {'model.backbone.init_cfg': None})

@@ -52,7 +52,7 @@ SAFETY_MIB = 2048
 def step_of(name: str, case: dict):
     """The grid's child: one whole-image or sliding-window inference of case ``name``."""
     from nala_mm import compat
-    from nala_mm.config_loading import build_model_from_config
+    from nala_mm.apis.config_loading import build_model_from_config
     compat.install()
     spec = CASES[name]
     options = {'model.pretrained': None, 'model.backbone.init_cfg': None,

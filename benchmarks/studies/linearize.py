@@ -103,7 +103,7 @@ def train_teacher(teacher: str, spec: dict, root: str) -> dict:
     iters = spec['pretrain_iters']
     result = {}
     if teacher == 'vit':
-        from nala_mm.config_loading import build_model_from_config
+        from nala_mm.apis.config_loading import build_model_from_config
         from nala_mm.datasets.longrange import FAR_PX
 
         from ..lib.receptive_field import conv_reach

@@ -11,10 +11,10 @@ from typing import Dict, List
 
 import torch
 
-from ..compile import compile_feature_extraction
-from ..config_loading import build_model_from_config
-from ..config_path import configs_root
-from ..data_samples import synthetic_batch
+from ..apis.compile import compile_feature_extraction
+from ..apis.config_loading import build_model_from_config
+from ..apis.config_path import configs_root
+from ..apis.data_samples import synthetic_batch
 
 NALA_SEG = osp.join(configs_root(), 'ade20k_nala-t-linear_upernet.py')
 # Sizes as the test pipelines hand them to the model: ADE20K's Resize to (2048, 512) with keep

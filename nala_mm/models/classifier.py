@@ -15,22 +15,20 @@ Their ``proj.*`` and ``norm.*`` are the neck's ``neck.proj.*`` and ``neck.norm.*
 
 An authors' file (``{'model': ..., 'model_ema': ..., 'optimizer': ..., 'epoch': ...}``) carries no
 ``state_dict``: mmengine would load nothing from it, and mmpretrain's ``EMAHook`` would fail on
-the missing key. :class:`AuthorsCheckpointHook` (the ImageNet configs list it) rewrites such a
-file, when the Runner loads it (``load_from``, mmpretrain's ``tools/test.py CONFIG CHECKPOINT``),
-into the layout of a checkpoint saved by an mmpretrain run with ``EMAHook``, through
-:func:`convert_authors_checkpoint`, and says what it loaded. This module is imported by
+the missing key. :class:`~nala_mm.engine.hooks.AuthorsCheckpointHook` (the ImageNet configs
+list it) rewrites such a file, when the Runner loads it (``load_from``, mmpretrain's
+``tools/test.py CONFIG CHECKPOINT``), into the layout of a checkpoint saved by an mmpretrain run
+with ``EMAHook``, through :func:`convert_authors_checkpoint`. This module is imported by
 ``import nala_mm`` only when mmpretrain is installed.
 """
 from collections.abc import Mapping
 from typing import Dict, Optional, Sequence, Tuple
 
 from mmcv.cnn import build_norm_layer
-from mmengine.hooks import Hook
-from mmengine.logging import print_log
 from mmengine.model import BaseModule, is_model_wrapper
 from torch import Tensor, nn
 
-from ..registry import register_hook, register_model
+from ..registry import register_model
 from .pretrained import checkpoint_filter, describe_keys, layout_of
 from .state_dicts import EMA_KEY, WRAPPER_PREFIX, describe_shapes, shape_mismatches, strip_wrapper
 
@@ -170,38 +168,3 @@ def convert_authors_checkpoint(checkpoint: Mapping, model: nn.Module,
     return dict(state_dict=averaged,
                 ema_state_dict={EMA_MODULE_PREFIX + k: v for k, v in trained.items()},
                 meta=dict(authors_checkpoint=source, ema=True))
-
-
-@register_hook(scope='mmpretrain')
-class AuthorsCheckpointHook(Hook):
-    """Loads the authors' classification checkpoints into a NaLaFormer ``ImageClassifier``.
-
-    When the Runner loads a file laid out as the authors' (``load_from``; mmpretrain's
-    ``tools/test.py CONFIG CHECKPOINT``), the checkpoint is rewritten in place by
-    :func:`convert_authors_checkpoint` before any other hook or the model sees it, and what was
-    loaded is logged. Any other checkpoint passes untouched. Resuming from an authors' file is
-    refused (its optimizer and schedule are timm's, not mmengine's).
-    """
-
-    priority = 'VERY_HIGH'  # before EMAHook, which reads checkpoint['state_dict']
-
-    def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
-        if not is_authors_checkpoint(checkpoint):
-            return
-        source = f'checkpoint {runner._load_from}' if getattr(runner, '_load_from', None) \
-            else 'the checkpoint'
-        if getattr(runner, '_resume', False):
-            raise ValueError(
-                f"{source} is an authors' checkpoint (timm optimizer and schedule state): it "
-                'cannot resume an mmengine run. Load it instead (load_from=PATH, resume=False): '
-                'the weights load, the schedule starts anew.')
-        converted = convert_authors_checkpoint(checkpoint, runner.model, source=source)
-        checkpoint.update(converted)
-        backbone = sum(k.startswith('backbone.') for k in converted['state_dict'])
-        tail = len(converted['state_dict']) - backbone
-        weights = ("the EMA weights ('model_ema') as state_dict and the trained ones ('model') "
-                   'as ema_state_dict' if converted['meta']['ema'] else
-                   "its 'model' weights (no 'model_ema' in the file)")
-        print_log(f"NaLaFormer classifier: {source} is an authors' checkpoint; loading "
-                  f'{backbone} backbone and {tail} tail tensors (proj, norm -> neck; head -> '
-                  f'head.fc), RoPE frequencies checked; {weights}', logger='current')

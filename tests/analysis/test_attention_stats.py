@@ -26,7 +26,7 @@ from nala_mm.analysis import (
     saturation_norm,
     spearman,
 )
-from nala_mm.config_loading import build_model_from_config
+from nala_mm.apis.config_loading import build_model_from_config
 from nala_mm.models import (
     GatedAttention,
     LinearAttention,

@@ -49,7 +49,7 @@ def test_inductor_matches_eager_at_two_sizes(name, device):
     module.init_weights()
     module.eval()  # no drop path: the two runs must see the same network
     dynamo.reset()
-    # static sizes, as nala_mm.compile compiles them (one graph per size)
+    # static sizes, as nala_mm.apis.compile compiles them (one graph per size)
     compiled = torch.compile(module, fullgraph=True, dynamic=False)  # backend='inductor'
     for shape in shapes:
         x = torch.randn(*shape, device=device)

@@ -5,9 +5,9 @@ size: the loss within 1e-4 and every gradient within 1e-3 relative error.
 
 Captured through ``backend='aot_eager'`` (dynamo's graph, AOTAutograd's joint forward/backward
 graph and its partition, with the fast ops as nodes: where recompiles and the saved-view failure
-of nala_mm.compile arise): two families in ``make test``, every family in ``make test-extended``;
-inductor's code generation for every family in ``make test-extended`` (about 3 to 10 minutes a
-model on the 2-core CPU).
+of nala_mm.apis.compile arise): two families in ``make test``, every family in ``make
+test-extended``; inductor's code generation for every family in ``make test-extended`` (about 3
+to 10 minutes a model on the 2-core CPU).
 """
 import copy
 from typing import Callable, Dict, List
@@ -17,7 +17,7 @@ import torch
 import torch._inductor.exc
 from torch._dynamo.testing import CompileCounterWithBackend
 
-from nala_mm.compile import compile_model, compile_regions, compile_settings
+from nala_mm.apis.compile import compile_model, compile_regions, compile_settings
 from nala_mm.models import NaLaFormer
 from nala_mm.models.swap import (
     NaLaMixVisionTransformer,

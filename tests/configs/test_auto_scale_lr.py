@@ -7,7 +7,7 @@ import os.path as osp
 import pytest
 from mmengine.config import Config
 
-from nala_mm.config_loading import enable_auto_scale_lr, load_config
+from nala_mm.apis.config_loading import enable_auto_scale_lr, load_config
 from tests.configs.test_configs import load
 from tests.helpers import DEMO_SEG_CFG, REPO
 

@@ -9,7 +9,7 @@ import re
 import pytest
 from mmengine.registry import init_default_scope
 
-from nala_mm.config_loading import load_config
+from nala_mm.apis.config_loading import load_config
 from nala_mm.datasets.synthetic_ade import generate_ade_like
 from tests.helpers import DEMO_DET_CFG, DEMO_SEG_CFG
 

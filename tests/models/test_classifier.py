@@ -100,7 +100,7 @@ def test_tiny_authors_checkpoint_without_ema_at_any_size(tmp_path, size):
 def test_the_tail_maps_onto_the_neck_and_the_linear_head():
     released = released_model(TINY)
     cfg = classifier_config(TINY, num_classes=10)
-    from nala_mm.config_loading import build_model
+    from nala_mm.apis.config_loading import build_model
     model = build_model(cfg)
     state = classifier_state_dict(released.state_dict(), model)
     assert isinstance(model.neck, NaLaFormerClsNeck)

@@ -7,8 +7,8 @@ from hypothesis import strategies as st
 from mmengine.registry import init_default_scope
 from PIL import Image
 
-from nala_mm.config_loading import load_config
-from nala_mm.data_samples import synthetic_batch
+from nala_mm.apis.config_loading import load_config
+from nala_mm.apis.data_samples import synthetic_batch
 from nala_mm.models import NormAwareLinearAttention
 from nala_mm.ops import NaLaConfig, nala_attention, rope_table
 from tests.helpers import DEMO_SEG_CFG

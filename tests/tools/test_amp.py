@@ -8,8 +8,8 @@ from mmengine.dataset import pseudo_collate
 from mmengine.optim import build_optim_wrapper
 from mmengine.registry import init_default_scope
 
-from nala_mm.amp import enable_amp
-from nala_mm.config_loading import load_config
+from nala_mm.apis.config_loading import load_config
+from nala_mm.engine.optimizers import enable_amp
 from nala_mm.models import NormAwareLinearAttention
 from tests.helpers import DEMO_SEG_CFG, logged_scalars, run_tool, write_seg_config
 

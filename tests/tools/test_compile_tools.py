@@ -12,7 +12,7 @@ import pytest
 import torch
 from PIL import Image
 
-from nala_mm.config_loading import build_model_from_config
+from nala_mm.apis.config_loading import build_model_from_config
 from tests.helpers import run_tool, write_det_config, write_seg_config
 from tests.tools.test_segmentation import ITERS, OVERFIT
 from tests.tools.test_upstream_tools import upstream

@@ -1,4 +1,4 @@
-"""tools/linearize.py and nala_mm.linearize: attention transfer from a stock Swin into its NaLa
+"""tools/linearize.py and nala_mm.apis.linearize: attention transfer from a stock Swin into its NaLa
 swap. The tool on a tiny Swin UperNet from a stock segmentor checkpoint (errors fall, the
 output loads strictly, the softmax stages stay the teacher's, the features beat a plain swap),
 backbone-only checkpoints through init_cfg (mmdet's Swin with convert_weights included), and
@@ -10,7 +10,7 @@ import torch
 from mmengine.config import Config
 from mmengine.registry import init_default_scope
 
-from nala_mm.linearize import (
+from nala_mm.apis.linearize import (
     TransferOptions,
     attention_transfer,
     build_teacher,

@@ -5,7 +5,7 @@ A family file (:mod:`.swin`, :mod:`.spatial_reduction`, :mod:`.vit`) subclasses
 :class:`SwappedAttentionMixin` with where its blocks are, what replaces one block's attention
 (a :class:`SwappedAttention` with the stock module's ``forward`` signature) and how its upstream
 checkpoints are laid out, and registers ``<Family mixin>, <stock parent>`` subclasses. What the
-attention transfer (:mod:`nala_mm.linearize`) needs is public on the mixin: ``swapped_names``,
+attention transfer (:mod:`nala_mm.apis.linearize`) needs is public on the mixin: ``swapped_names``,
 ``stock_parent()``, ``upstream_state()`` and ``adapt_state()``. The carry-over is a pure
 function over state dicts (:func:`carry_over`): the upstream
 attention's fused q, k, v projection goes into the first ``3C`` rows of the mixer's ``qkvg``
@@ -313,7 +313,7 @@ class SwappedAttentionMixin:
         forward, trained through the custom op ``nala_mm::conv2d``. Compiled at changing input
         sizes, inductor's own lowering of a stock convolution fails on the stock Mix-FFN's
         depthwise conv (an invalid value range) or recompiles per size (its backward guards the
-        input's strides; :mod:`nala_mm.compile`); the op's node does neither."""
+        input's strides; :mod:`nala_mm.apis.compile`); the op's node does neither."""
         from mmcv.cnn.bricks.wrappers import Conv2d as EmptyTolerantConv2d
         for module in self.modules():
             if (type(module) in (nn.Conv2d, EmptyTolerantConv2d) and module.dilation == (1, 1)

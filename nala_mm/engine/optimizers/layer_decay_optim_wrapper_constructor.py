@@ -22,9 +22,10 @@ from typing import Dict, List, Optional, Tuple
 
 from mmengine.logging import MMLogger
 from mmengine.optim import DefaultOptimWrapperConstructor
-from mmengine.registry import OPTIM_WRAPPER_CONSTRUCTORS
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
+
+from ...registry import register_optim_wrapper_constructor
 
 EMBEDDING_NAMES = ('patch_embed', 'pos_embed', 'cls_token', 'pre_ln')
 NO_DECAY_NAMES = ('pos_embed', 'cls_token')
@@ -43,7 +44,7 @@ def layer_id(name: str, num_layers: int) -> int:
     return num_layers + 1
 
 
-@OPTIM_WRAPPER_CONSTRUCTORS.register_module()
+@register_optim_wrapper_constructor
 class ViTLayerDecayOptimWrapperConstructor(DefaultOptimWrapperConstructor):
     """``paramwise_cfg=dict(decay_rate=r)``, ``0 < r <= 1``; the model's ``backbone`` must hold
     its blocks in ``layers`` (mmseg's ``VisionTransformer`` and the NaLa ViT do)."""

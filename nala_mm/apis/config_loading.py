@@ -16,7 +16,7 @@ from mmengine.registry import init_default_scope
 from mmengine.utils import get_installed_path
 from torch import nn
 
-from .registry import host_imports, models_registry
+from ..registry import host_imports, models_registry
 
 
 def _replace_sync_bn(node) -> int:

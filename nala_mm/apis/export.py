@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .analysis.measure import median_ms
+from ..analysis.measure import median_ms
 from .config_loading import build_model_from_config
 
 DEPLOY_PACKAGES = ('onnx', 'onnxruntime', 'onnxscript')

@@ -36,7 +36,7 @@ import torch
 from mmengine.logging import print_log
 from torch import Tensor, nn
 
-from .models.swap.base import SwappedAttentionMixin
+from ..models.swap.base import SwappedAttentionMixin
 
 TARGETS = ('block', 'attention')
 INPUTS = ('teacher', 'sequence')
@@ -288,7 +288,7 @@ def report_table(rows: List[dict], run: dict) -> str:
 def split_whole_model(checkpoint: Mapping) -> Tuple[bool, Mapping]:
     """Whether a checkpoint holds a whole segmentor or detector (keys under ``backbone.``
     beside its heads) rather than a backbone alone, and its state dict."""
-    from .models.state_dicts import state_dict_of
+    from ..models.state_dicts import state_dict_of
     state = state_dict_of(checkpoint)
     backbone = [k for k in state if k.startswith('backbone.')]
     return bool(backbone) and len(backbone) < len(state), state

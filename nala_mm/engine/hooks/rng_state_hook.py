@@ -25,7 +25,8 @@ import torch
 from mmengine.dist import all_gather_object
 from mmengine.hooks import CheckpointHook, Hook
 from mmengine.logging import print_log
-from mmengine.registry import HOOKS
+
+from ...registry import register_hook
 
 STATE_KEY = 'rng_state'
 
@@ -93,7 +94,7 @@ def _checkpoint_due(runner, after: str) -> bool:
     return False
 
 
-@HOOKS.register_module()
+@register_hook
 class RNGStateHook(Hook):
     """Save and restore the random generators of every rank with each checkpoint."""
 

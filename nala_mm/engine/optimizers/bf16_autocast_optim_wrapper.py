@@ -4,11 +4,12 @@ from contextlib import contextmanager
 import torch
 from mmengine.config import Config
 from mmengine.optim import OptimWrapper
-from mmengine.registry import OPTIM_WRAPPERS
 from torch import nn
 
+from ...registry import register_optim_wrapper
 
-@OPTIM_WRAPPERS.register_module()
+
+@register_optim_wrapper
 class BF16AutocastOptimWrapper(OptimWrapper):
     """bf16 autocast around the forward, no loss scaling (bf16 has fp32's exponent range).
 

@@ -132,7 +132,7 @@ def _region_classes() -> Tuple[type, ...]:
     from mmseg.models.backbones.swin import SwinBlock as SegSwinBlock
     from mmseg.models.backbones.vit import TransformerEncoderLayer as ViTLayer
 
-    from .models.nalaformer import NaLaBlock
+    from ..models.nalaformer import NaLaBlock
     classes = [NaLaBlock, SegSwinBlock, MiTLayer, ViTLayer]
     try:
         from mmdet.models.backbones.pvt import PVTEncoderLayer

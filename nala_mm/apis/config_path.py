@@ -1,8 +1,8 @@
 """Where the installed package's configs are, for inheriting them from a config of your own.
 
-    python -m nala_mm.config_path ade20k_nala_upernet.py        # by basename (they are unique)
-    python -m nala_mm.config_path demo/ade20k_demo_nala_upernet.py
-    python -m nala_mm.config_path                              # the configs folder itself
+    python -m nala_mm.apis.config_path ade20k_nala_upernet.py        # by basename (they are unique)
+    python -m nala_mm.apis.config_path demo/ade20k_demo_nala_upernet.py
+    python -m nala_mm.apis.config_path                              # the configs folder itself
 
 mmengine's ``pkg::`` bases accept only the packages mmengine knows (``mmseg::``, ``mmdet::``, ...),
 so a config of yours inherits this package's configs by absolute path::
@@ -66,7 +66,7 @@ def config_path(name: str) -> str:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(
-        prog='python -m nala_mm.config_path',
+        prog='python -m nala_mm.apis.config_path',
         description="Print the absolute path of one of nala_mm's configs (for a _base_ entry), "
                     'or the configs folder without NAME.')
     parser.add_argument('name', nargs='?', help='config basename, or path relative to the configs '
