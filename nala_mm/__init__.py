@@ -1,7 +1,7 @@
 """nala-mm: NaLaFormer (norm-aware linear attention) for MMSegmentation 1.x and MMDetection 3.x.
 
 ``custom_imports = dict(imports=['nala_mm'])`` in any mm config registers the backbone, the token
-mixers, ``RNGStateHook``, ``MixerStatsHook`` and ``BF16AutocastOptimWrapper`` in mmengine's root
+mixers, ``RNGStateHook`` and ``BF16AutocastOptimWrapper`` in mmengine's root
 registries, and the stock backbones with NaLa swapped in (:mod:`nala_mm.models.swap`) in mmseg's
 own; where mmdet imports (``pip install nala-mm[det]``), also mmdet's swapped backbones and
 ViTDet's ``SimpleFPN`` in mmdet's (without it, nothing of mmdet is imported); where mmpretrain
@@ -13,7 +13,6 @@ checks) are opt-in: ``imports=['nala_mm', 'nala_mm.compat']`` (see :mod:`nala_mm
 import importlib.util
 
 from . import amp, hooks, models, optim  # noqa: F401  (registration)
-from .analysis import training_stats  # noqa: F401  (registration)
 from .models import (
                      GatedAttention,
                      LinearAttention,
