@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import io
 import os
 from statistics import mean
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -78,7 +79,8 @@ MIN_SIZE = 3 * FAR_PX  # below this few objects fit far enough from the exemplar
 _STAMP_NAME = '.longrange.json'
 # Bump whenever the rendered output changes, so stale stamps stop matching.
 _FORMAT_VERSION = 1
-_SPLITS = (('training', 'ADE_train'), ('validation', 'ADE_val'))
+_SPLITS = (('training', 'ADE_train'), ('validation', 'ADE_val'))  # split codes 0, 1
+JPEG_QUALITY = 95
 
 Box = Tuple[int, int, int, int]  # y0, x0, y1, x1 (exclusive ends)
 
@@ -278,7 +280,8 @@ def generate_longrange(root: str = DEFAULT_ROOT, num_train: int = 1000, num_val:
             for index, name in enumerate(_file_names(prefix, counts[split])):
                 image, label = render(sample_scene(scene_rng(seed, split_code, index), height,
                                                    width, exemplar_px))
-                Image.fromarray(image).save(os.path.join(image_dir, name + '.jpg'), quality=95)
+                Image.fromarray(image).save(os.path.join(image_dir, name + '.jpg'),
+                                            quality=JPEG_QUALITY)
                 Image.fromarray(label).save(os.path.join(label_dir, name + '.png'))
                 if split == 'validation':
                     val_pixels += [int((label == LABEL_VALUE[c]).sum())
@@ -289,6 +292,18 @@ def generate_longrange(root: str = DEFAULT_ROOT, num_train: int = 1000, num_val:
                  for c, n in zip(LONGRANGE_CLASSES, val_pixels)}
     common.write_stamp(stamp_path, {'params': params, 'class_pixel_fraction': fractions})
     return summary(fractions)
+
+
+def validation_image(index: int, seed: int = 0, image_size: Tuple[int, int] = DEFAULT_SIZE,
+                     exemplar_px: int = EXEMPLAR_PX) -> np.ndarray:
+    """The pixels mmseg loads from validation image ``index`` of :func:`generate_longrange` with
+    these arguments, drawn again (:func:`scene_rng`) and through the same JPEG encoding, without
+    the data on disk: the study's report pictures one (``--report-only`` needs no data)."""
+    height, width = image_size
+    image, _ = render(sample_scene(scene_rng(seed, 1, index), height, width, exemplar_px))
+    encoded = io.BytesIO()
+    Image.fromarray(image).save(encoded, format='JPEG', quality=JPEG_QUALITY)
+    return np.asarray(Image.open(encoded))
 
 
 def local_chance_miou(class_pixel_fraction: Dict[str, float]) -> float:

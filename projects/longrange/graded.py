@@ -460,8 +460,11 @@ def level_model(plan: dict, runs: List[dict], levels: Dict[str, dict]) -> Option
     interaction = list(range(2 + len(others), x.shape[1]))
     full, reduced = firth_logistic(x, y), firth_logistic(x, y, zero=interaction)
     names = ['intercept', *others, 'level'] + [f'{m} x level' for m in others]
-    return dict(terms=dict(zip(names, (float(c) for c in full['coef']))), runs=len(chosen),
-                interaction_p=likelihood_ratio_p(full, reduced, len(interaction)))
+    # to 10 significant digits: the iterative fit's last digits follow the BLAS and the CPU
+    # (the committed values moved by 1e-13 on another machine), the report must not
+    return dict(terms={n: float(f'{c:.10g}') for n, c in zip(names, full['coef'])},
+                runs=len(chosen),
+                interaction_p=float(f'{likelihood_ratio_p(full, reduced, len(interaction)):.10g}'))
 
 
 EARLY_ITERS = 500  # the diagnosis' early phase: before most runs cross the threshold

@@ -51,6 +51,7 @@ THREADS = 1
 VARIANTS: Dict[str, MixerPreset] = PRESETS
 # the attention-row picture: one query, these mixers side by side
 PICTURE = ('nala-cosine', 'linear-relu', 'softmax')
+STATS_INDEX = 0  # the validation image the attention analysis and the picture use
 
 
 def parse_mixer(text: str) -> dict:
@@ -338,8 +339,8 @@ def plot(saved: dict, path: str) -> None:
                  f'squares: mean ± std)')
     ax.grid(True, axis='y', alpha=0.3)
     if result:
-        from PIL import Image
-        image = np.asarray(Image.open(osp.join(REPO, result['image'])))
+        from .data import validation_image
+        image = validation_image(STATS_INDEX)  # result['image'], as the data hold it
         height, width = image.shape[:2]
         ey0, ex0, ey1, ex1 = result['exemplar_box']
         for row, query in enumerate(queries, start=1):
@@ -415,7 +416,7 @@ def main() -> None:
     for i, mixer in enumerate(args.mixer):
         variants[f'custom-{i}'] = MixerPreset(label=f'{mixer}', mixer=mixer)
     labels = {v: spec.label for v, spec in variants.items()}
-    stats_image = osp.join(data_root, 'images', 'validation', 'ADE_val_00000000.jpg')
+    stats_image = osp.join(data_root, 'images', 'validation', f'ADE_val_{STATS_INDEX:08d}.jpg')
     import torch
     torch.set_num_threads(THREADS)
     reach = control_reach()
