@@ -60,9 +60,10 @@ def tables(markdown: str) -> List[str]:
 
 
 def _load(name: str) -> Any:
+    shown = name if name.startswith('projects/') else f'benchmarks/results/{name}'
     path = REPO / name if name.startswith('projects/') else RESULTS / name
     if not path.is_file():
-        raise FileNotFoundError(f'{path.relative_to(REPO)} is quoted but is not committed')
+        raise FileNotFoundError(f'{shown} is quoted but is not committed')
     text = path.read_text(encoding='utf-8')
     if name.endswith('.json'):
         return json.loads(text)
