@@ -16,28 +16,29 @@ setup:
 lint: setup
 	$(VENV)/bin/ruff check .
 
-# The whole test suite: tiny models, tiny generated data.
+# The whole test suite: tiny models, tiny generated data. Each target collects pytest.ini's
+# testpaths: tests/, projects/*/tests and benchmarks/tests.
 test: lint
-	$(PY) -m pytest tests -q -p no:cacheprovider -m "not e2e and not extended"
+	$(PY) -m pytest -q -p no:cacheprovider -m "not e2e and not extended"
 
 # The process-starting checks make test leaves out: the tools and the upstream tools end to end,
 # ONNX export through the tool, epoch-based two-rank training and dist_test.sh (each marked
 # `extended` on the test itself; the suites are listed in pytest.ini).
 test-extended: setup
-	$(PY) -m pytest tests -q -p no:cacheprovider -m extended
+	$(PY) -m pytest -q -p no:cacheprovider -m extended
 
 # The inner loop: make test without the tests that start processes (tools, torchrun).
 test-unit: setup
-	$(PY) -m pytest tests -q -p no:cacheprovider -m "not e2e and not extended and not integration"
+	$(PY) -m pytest -q -p no:cacheprovider -m "not e2e and not extended and not integration"
 
 # Both demos end to end with their full schedules, asserting they learn.
 test-e2e: setup
-	$(PY) -m pytest tests -q -p no:cacheprovider -m e2e
+	$(PY) -m pytest -q -p no:cacheprovider -m e2e
 
 # On a GPU machine (set up with FORCE_CUDA=1 and a CUDA torch, README): the device-parametrised
 # parity tests on CUDA, float64 formulas, fast vs reference, fp16 autocast.
 test-cuda: setup
-	$(PY) -m pytest tests -q -p no:cacheprovider -m cuda
+	$(PY) -m pytest -q -p no:cacheprovider -m cuda
 
 # The wheels of the GPU check (benchmarks/gpu_check.py) into .gpu_wheels/: carry/ travels to a GPU
 # machine without network; machine/ is that machine's own packages, for the rehearsal in
@@ -148,12 +149,12 @@ demo-results: setup
 # Nine token mixers x three seeds on the long-range task, with the attention statistics
 # (one thread per run).
 longrange: setup
-	$(PY) -m benchmarks.studies.longrange
+	$(PY) -m projects.longrange.study
 
 # The claim, graded: the pre-registered plan's ~180 runs, two at a time, resumable (~3 h here;
-# stop any time, commit benchmarks/results/studies/longrange_graded*, run again to go on).
+# stop any time, commit projects/longrange/results/longrange_graded*, run again to go on).
 longrange-graded: setup
-	$(PY) -m benchmarks.studies.longrange_graded
+	$(PY) -m projects.longrange.graded
 
 # A tool's committed output: the variants' parameters and GFLOPs (docs/fidelity.md).
 flops-table: setup
@@ -161,7 +162,7 @@ flops-table: setup
 
 # The long-range exemplar task's data (ADE20K layout under data/longrange, deterministic).
 longrange-data: setup
-	$(PY) -m nala_mm.datasets.longrange
+	$(PY) -m projects.longrange.data
 
 # The sdist and, built from it, the wheel (both carry nala_mm/.mim: configs, tools, model index).
 dist: setup

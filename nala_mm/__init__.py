@@ -18,7 +18,6 @@ import importlib.util
 import warnings
 
 from . import engine, models  # noqa: F401  (registration)
-from .analysis import training_stats  # noqa: F401  (registration)
 from .models import (
                      GatedAttention,
                      LinearAttention,

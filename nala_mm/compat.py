@@ -46,6 +46,7 @@ from mmengine.fileio.backends import LocalBackend
 from mmengine.logging.history_buffer import HistoryBuffer
 from mmengine.runner.checkpoint import CheckpointLoader
 
+from .apis.compile import eager_optimizer_updates
 from .checkpoint_safety import (
     atomic_put,
     history_getstate,
@@ -53,7 +54,6 @@ from .checkpoint_safety import (
     load_from_local,
     numpy_safe_globals,
 )
-from .apis.compile import eager_optimizer_updates
 from .datasets.checks import install_dataset_checks
 from .distributed import cpu_aware_pytorch_launcher
 

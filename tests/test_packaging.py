@@ -107,7 +107,7 @@ def test_each_metafile_entry_describes_its_config(entry):
     dataset = cfg.train_dataloader.dataset
     dataset = dataset.dataset if dataset.type == 'RepeatDataset' else dataset  # (LSJ's)
     data_root = dataset.data_root
-    if 'demo' in data_root or 'longrange' in data_root:
+    if 'demo' in data_root:
         assert meta['Training Data'].startswith('generated'), meta['Training Data']
     else:
         assert meta['Training Data'] == DATASETS[dataset.type]

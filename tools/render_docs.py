@@ -1,4 +1,5 @@
-"""Write every marked figure and table of README.md and docs/*.md from its results file.
+"""Write every marked figure and table of README.md, docs/*.md and projects/*/README.md from its
+results file.
 
     python tools/render_docs.py           # rewrite the pages in place (``make docs``)
     python tools/render_docs.py --check   # list the figures that differ from their files; exit 1
@@ -6,7 +7,8 @@
 A figure is marked in the page's source around the text it renders:
 ``<!-- fig FILE KEY FORMAT -->91.60<!-- /fig -->``.
 
-* ``FILE``: a file under ``benchmarks/results/``. A ``.json`` file is read whole. A ``.md`` file
+* ``FILE``: a file under ``benchmarks/results/``, or a project's from the repository root
+  (``projects/NAME/results/...``). A ``.json`` file is read whole. A ``.md`` file
   is its tables, numbered from 1, each a list of rows keyed by the header: ``KEY`` = ``2`` renders
   the second table as it is (``FORMAT``, if given, keeps the rows that contain it), and
   ``2.variant=T.params`` is one cell.
@@ -46,8 +48,10 @@ TRANSFORMS: Dict[str, Callable[[Any], Any]] = {
 
 
 def pages() -> List[Path]:
-    """The pages that may carry figures: the README and every page of docs/."""
-    return [REPO / 'README.md', *sorted((REPO / 'docs').glob('*.md'))]
+    """The pages that may carry figures: the README, every page of docs/ and each project's
+    README."""
+    return [REPO / 'README.md', *sorted((REPO / 'docs').glob('*.md')),
+            *sorted((REPO / 'projects').glob('*/README.md'))]
 
 
 def tables(markdown: str) -> List[str]:
@@ -56,9 +60,11 @@ def tables(markdown: str) -> List[str]:
 
 
 def _load(name: str) -> Any:
-    if not (RESULTS / name).is_file():
-        raise FileNotFoundError(f'benchmarks/results/{name} is quoted but is not committed')
-    text = (RESULTS / name).read_text(encoding='utf-8')
+    shown = name if name.startswith('projects/') else f'benchmarks/results/{name}'
+    path = REPO / name if name.startswith('projects/') else RESULTS / name
+    if not path.is_file():
+        raise FileNotFoundError(f'{shown} is quoted but is not committed')
+    text = path.read_text(encoding='utf-8')
     if name.endswith('.json'):
         return json.loads(text)
     raw = tables(text)

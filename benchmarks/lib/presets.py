@@ -1,5 +1,5 @@
-"""The token mixers the studies compare (ablation.py on the demo data, longrange.py): a label for
-the tables and the mixer every stage gets.
+"""The token mixers the studies compare (ablation.py on the demo data,
+projects/longrange/study.py): a label for the tables and the mixer every stage gets.
 
 A mixer with an ADE20K ablation config (``configs/ablation/ade20k_nala-t_upernet_<name>.py``) is
 read from that config, its one home; the mixers compared on generated data only are written here.
@@ -47,7 +47,7 @@ PRESETS: Dict[str, MixerPreset] = {
                               dict(type='LinearAttention', feature_map='elu')),
     'softmax': MixerPreset('softmax attention', ablation_mixer('softmax')),
     'identity': MixerPreset('control: no token mixing', dict(type='IdentityAttention')),
-    # an exponent that stays responsive where tanh ||q|| saturates (docs/longrange.md)
+    # an exponent that stays responsive where tanh ||q|| saturates (projects/longrange/README.md)
     'nala-rms': MixerPreset('NaLa, exponent reads ‖q‖/√d (cosine kernel)',
                             dict(type='NormAwareLinearAttention', kernel='cosine',
                                  query_norm='rms')),

@@ -3,7 +3,7 @@ of its logits, measured by gradients.
 
 Without token mixing only convolutions and the decoder's resizing move information between
 pixels, so the input pixels that can change a pixel's logits lie within a fixed distance of it.
-A task that needs long-range context (nala_mm.datasets.longrange) keeps its cues beyond that
+A task that needs long-range context (projects.longrange.data) keeps its cues beyond that
 distance, so a model without attention cannot see them.
 """
 from typing import Tuple

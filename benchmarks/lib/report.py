@@ -74,7 +74,7 @@ def log_log_axes(ax, title: str, xlabel: str) -> None:
 
 def seed_scatter(ax, runs: Sequence[dict], summary: Dict[str, dict], rotation: int = 15) -> None:
     """Every run's mIoU per variant (dots) with the variant's mean and std beside them: the
-    picture of a mixer comparison over seeds (ablation.py, longrange.py)."""
+    picture of a mixer comparison over seeds (ablation.py, projects/longrange/study.py)."""
     names = list(summary)
     for i, variant in enumerate(names):
         values = [r['mIoU'] for r in runs if r['variant'] == variant and 'mIoU' in r]

@@ -1,6 +1,7 @@
 """Training runs through tools/train.py, each in a fresh process (a study's runs must not share
-state), the config template of a mixer comparison (ablation.py, longrange.py), and the small Swin
-UperNet recipe on the demo data that the swap studies train (swap_finetune.py, linearize.py)."""
+state), the config template of a mixer comparison (ablation.py, projects/longrange/study.py),
+and the small Swin UperNet recipe on the demo data that the swap studies train
+(swap_finetune.py, linearize.py)."""
 import json
 import os
 import os.path as osp

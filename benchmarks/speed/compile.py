@@ -13,7 +13,7 @@ at those sides, and keeps the others'; each row names the code version it ran on
 
 * ``recompiles``: graphs compiled by :func:`nala_mm.apis.compile.compile_feature_extraction`
   (dynamic sizes, dynamo's graph capture with ``backend='eager'``) over each size sequence of
-  :data:`nala_mm.analysis.recompiles.SIZE_SEQUENCES`, after each size;
+  :data:`benchmarks.lib.recompiles.SIZE_SEQUENCES`, after each size;
 * ``layer``: the NaLa layer (NaLaFormer-T's stage-1 shape, C = 64, one head, channels-last
   tokens), forward + backward at 4,096 and 16,384 tokens; on CUDA also global softmax through
   SDPA, compiled, and ``--layer-sides 128 256`` reaches 65,536 tokens;
@@ -59,11 +59,11 @@ from typing import List, Tuple
 import torch
 
 from nala_mm.analysis.measure import Step, device_name
-from nala_mm.analysis.recompiles import SIZE_SEQUENCES, count_compilations
 
 from ..lib import report
 from ..lib.grid import grid_cli, per_round_ratio, run_grid
 from ..lib.provenance import code_version
+from ..lib.recompiles import SIZE_SEQUENCES, count_compilations
 from ..lib.sweep import backbone_step
 
 # each custom op of nala_mm/ops and the op module whose resolve_mode picks its path

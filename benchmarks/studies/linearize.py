@@ -7,10 +7,10 @@ Teachers, each trained once with softmax attention (seed 0) and frozen as the st
 * ``swin``: the small Swin + UperNet of the swap study on the demo data (benchmarks/lib/runs.py),
   NaLa in stages 1-2;
 * ``vit``: a one-layer ViT (patch 8, the class token) on the long-range exemplar task
-  (configs/longrange/ade20k_longrange_vit.py), NaLa in its layer. Calibrated as the task was:
-  softmax must beat the no-mixing control (the same ViT with IdentityAttention, trained alike) by
-  at least 15 mIoU before any arm runs; the control's convolutions are measured to reach less
-  far than the exemplar.
+  (projects/longrange/configs/ade20k_longrange_vit.py), NaLa in its layer. Calibrated as the task
+  was: softmax must beat the no-mixing control (the same ViT with IdentityAttention, trained
+  alike) by at least 15 mIoU before any arm runs; the control's convolutions are measured to
+  reach less far than the exemplar.
 
 Arms, per seed (the seed sets the data order of the transfer and the fine-tuning):
 
@@ -48,8 +48,9 @@ from ..lib.paths import REPO, STUDY_RESULTS
 from ..lib.provenance import code_version
 from ..lib.runs import DEMO, schedule, small_swin_config, train_config
 
-VIT_STOCK = osp.join(REPO, 'configs', 'longrange', 'ade20k_longrange_vit.py')
-VIT_NALA = osp.join(REPO, 'configs', 'longrange', 'ade20k_longrange_vit_nala.py')
+# the long-range task's ViTs, from the project (a benchmark may import a project's modules)
+VIT_STOCK = osp.join(REPO, 'projects', 'longrange', 'configs', 'ade20k_longrange_vit.py')
+VIT_NALA = osp.join(REPO, 'projects', 'longrange', 'configs', 'ade20k_longrange_vit_nala.py')
 REQUIRED_GAP = 15.0  # mIoU by which softmax must beat the control (as the long-range task)
 # finetune_lr: a tenth of the rate each teacher was trained at, as a trained model is fine-tuned
 # (at the training rate, every arm first loses what it started with, and the starts no longer
@@ -92,7 +93,7 @@ def prepare_data(teacher: str) -> None:
         from nala_mm.datasets.synthetic_ade import generate_ade_like
         generate_ade_like(osp.join(REPO, Config.fromfile(DEMO).train_dataloader.dataset.data_root))
     else:
-        from nala_mm.datasets.longrange import generate_longrange
+        from projects.longrange.data import generate_longrange
         cfg = Config.fromfile(VIT_STOCK)
         generate_longrange(osp.join(REPO, cfg.train_dataloader.dataset.data_root),
                            image_size=cfg.image_size)
@@ -104,7 +105,7 @@ def train_teacher(teacher: str, spec: dict, root: str) -> dict:
     result = {}
     if teacher == 'vit':
         from nala_mm.apis.config_loading import build_model_from_config
-        from nala_mm.datasets.longrange import FAR_PX
+        from projects.longrange.data import FAR_PX
 
         from ..lib.receptive_field import conv_reach
         control, _ = build_model_from_config(VIT_NALA, {

@@ -1,6 +1,7 @@
 """Measuring models: FLOP counts with every token mixer counted (:mod:`.flops`), the attention
-statistics of a trained backbone (:mod:`.attention_stats`), a mixer's statistics while it trains
-(:mod:`.training_stats`), and success rates over seeds (:mod:`.success_rates`)."""
+statistics of a trained backbone (:mod:`.attention_stats`), and the worker-process protocol the
+measurements run in (:mod:`.measure`). A mixer's statistics while it trains (``MixerStatsHook``)
+and success rates over seeds serve the long-range study: projects/longrange/."""
 from .attention_stats import (
                               LayerStats,
                               analyze_backbone,

@@ -27,7 +27,7 @@ with RoPE are distributions (:attr:`GatedAttention.rope_rows_are_distributions`)
 for a query norm and the exponent's ceiling (:meth:`GatedAttention.query_exponent`,
 :meth:`~GatedAttention.exponent_ceiling`), and the backbone says which stage holds a layer
 (``stage_of``). :func:`analyze_backbone` is the one entry point (``tools/analyze_attention.py``,
-benchmarks/studies/longrange.py).
+projects/longrange/study.py).
 """
 import math
 from dataclasses import dataclass, field

@@ -1,3 +1,3 @@
-"""Synthetic data in the exact ADE20K and COCO layouts (the demos', and :mod:`.longrange`'s
-long-range exemplar task), and the data checks that :mod:`nala_mm.compat` installs on the
-upstream dataset classes."""
+"""Synthetic data in the exact ADE20K, COCO, Cityscapes and ImageNet layouts (the demos'; the
+long-range exemplar task's generator, projects/longrange/data.py, builds on them), and the data
+checks that :mod:`nala_mm.compat` installs on the upstream dataset classes."""

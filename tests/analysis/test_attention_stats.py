@@ -389,7 +389,7 @@ def test_tool_on_a_nala_vit_with_its_class_token(tmp_path):
     """The long-range task's one-layer ViT with NaLa swapped in (a random checkpoint): the
     layer's statistics count the class token as the one prefix token beside the 16 x 16 grid,
     and the map of a query is the grid's."""
-    config = 'configs/longrange/ade20k_longrange_vit_nala.py'
+    config = 'projects/longrange/configs/ade20k_longrange_vit_nala.py'  # (a project's)
     torch.manual_seed(0)
     model, _ = build_model_from_config(config)
     model.init_weights()

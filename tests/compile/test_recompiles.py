@@ -1,19 +1,19 @@
-"""Compiled inference (nala_mm.compile): the feature extraction of a real segmentor compiled with
-dynamic sizes gives eager's predictions at every size, compiles a bounded number of graphs over
+"""Compiled inference (nala_mm.apis.compile): the feature extraction of a real segmentor compiled
+with dynamic sizes gives eager's predictions at every size, compiles a bounded number of graphs over
 a size sequence, and stops with an error at its recompile limit instead of running eager
 silently; the state dict is the eager model's. Graph capture through ``backend='eager'``
 (dynamo's guards, no code generation): the counts are the ones inductor gets.
 
-The size sequences users meet at full size (nala_mm.analysis.recompiles; the compile
-benchmark's page reports their counts) are bounded in make test-extended."""
+The size sequences users meet at full size (benchmarks/lib/recompiles.py; the compile
+benchmark's page reports their counts) are bounded beside them, in
+benchmarks/tests/test_recompiles.py (make test-extended)."""
 import pytest
 import torch
 from torch import nn
 
-from nala_mm.analysis.recompiles import SIZE_SEQUENCES, count_compilations
-from nala_mm.compile import RECOMPILE_LIMIT, compile_feature_extraction, feature_extractor
-from nala_mm.config_loading import build_model_from_config
-from nala_mm.data_samples import synthetic_batch
+from nala_mm.apis.compile import RECOMPILE_LIMIT, compile_feature_extraction, feature_extractor
+from nala_mm.apis.config_loading import build_model_from_config
+from nala_mm.apis.data_samples import synthetic_batch
 from tests.helpers import DEMO_SEG_CFG
 
 # keep-ratio test sizes of the demo (short side 160), a portrait and a small one
@@ -78,19 +78,6 @@ def test_wrappers_are_looked_through_and_other_modules_refused():
     assert feature_extractor(Wrapper(Wrapper(model))) is model
     with pytest.raises(TypeError, match='Linear has no extract_feat'):
         feature_extractor(nn.Linear(2, 2))
-
-
-@pytest.mark.extended
-@pytest.mark.parametrize('name', list(SIZE_SEQUENCES))
-def test_size_sequences_users_meet_compile_bounded_graphs(name):
-    """Full-size models and sizes (random weights): ADE20K whole-image and slide inference,
-    COCO's padded keep-ratio resizes, the ViT's interpolated position embedding."""
-    counts = count_compilations(name)
-    assert len(counts) == len(SIZE_SEQUENCES[name]['sizes'])
-    # mmseg's ViT branches in Python on whether the patch embedding pads each side and whether
-    # the position embedding needs resizing: at most 5 of those 8 cases occur
-    bound = 5 if name.startswith('ViT') else MAX_GRAPHS
-    assert counts[-1] <= bound <= RECOMPILE_LIMIT, counts
 
 
 def test_optimizer_updates_run_eager_inside_a_compiled_train_step():

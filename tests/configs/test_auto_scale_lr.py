@@ -18,7 +18,7 @@ RUNNABLE = sorted(p for p in glob.glob(str(REPO / 'configs' / '**' / '*.py'), re
 def recipe_processes(path: str) -> int:
     """GPUs (processes) of the recipe a config follows, as its comments and name say."""
     name = osp.basename(path)
-    if '/demo/' in path or '/longrange/' in path:
+    if '/demo/' in path:
         return 1  # one CPU process
     if '_vitdet-' in name:
         return 32  # ViTDet's recipe: 32 GPUs x 2 images

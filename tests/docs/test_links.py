@@ -10,7 +10,8 @@ import pytest
 from tests.helpers import REPO
 
 PAGES = ['README.md'] + sorted(f'docs/{name}' for name in os.listdir(REPO / 'docs')
-                               if name.endswith('.md'))
+                               if name.endswith('.md')) + \
+    sorted(str(p.relative_to(REPO)) for p in (REPO / 'projects').glob('*/README.md'))
 
 
 def source(page: str) -> str:

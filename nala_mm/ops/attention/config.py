@@ -29,7 +29,7 @@ class NaLaConfig:
     query_norm:  what ``tanh`` reads: ``'raw'`` the query norm ``||q||`` (paper, released code) or
                  ``'rms'`` its root mean square over the head dim, ``||q|| / sqrt(d)`` (a variant
                  that keeps the exponent responsive where trained queries' norms sit past
-                 tanh's knee; docs/longrange.md).
+                 tanh's knee; projects/longrange/README.md).
     """
     kernel: str = 'cosine'
     alpha: float = 20.0

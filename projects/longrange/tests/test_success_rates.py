@@ -1,4 +1,4 @@
-"""Success-rate statistics (nala_mm.analysis.success_rates) against independent computations:
+"""Success-rate statistics (projects.longrange.success_rates) against independent computations:
 Wilson's interval as the roots of its defining inequality, Barnard's test by enumerating every
 table and maximising over the nuisance rate, Holm by hand, Firth's fit by a general optimiser on
 the penalized likelihood written out here."""
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy import optimize, stats
 
-from nala_mm.analysis import success_rates as sr
+from projects.longrange import success_rates as sr
 
 
 @pytest.mark.parametrize('successes,runs', [(0, 10), (5, 10), (13, 20), (20, 20), (1, 3)])

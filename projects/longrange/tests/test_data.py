@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from nala_mm.datasets import longrange as lr
 from nala_mm.datasets.synthetic_ade import ADE_CLASS_NAMES
+from projects.longrange import data as lr
 
 SIZE = (112, 112)  # small images keep the tests fast (the task allows 108 px and up)
 ARGS = dict(num_train=3, num_val=2, image_size=SIZE, seed=7, progress=False)
@@ -170,10 +170,10 @@ def test_the_control_model_cannot_see_the_exemplar_from_an_object():
     import torch
     from mmseg.models.utils import resize
 
-    from nala_mm.config_loading import build_model_from_config
+    from nala_mm.apis.config_loading import build_model_from_config
     from tests.helpers import REPO
 
-    config = str(REPO / 'configs' / 'longrange' / 'ade20k_longrange_segformer.py')
+    config = str(REPO / 'projects' / 'longrange' / 'configs' / 'ade20k_longrange_segformer.py')
 
     def support(mixer: str) -> np.ndarray:
         model, _ = build_model_from_config(config,

@@ -12,8 +12,11 @@ of the model), from that iteration's own forward and backward:
   produces; 0 for softmax).
 
 Scalars go to mmengine's message hub as ``train/mixer/<name>/<stat>``, so the LoggerHook prints
-them and ``scalars.json`` keeps them. Config (after
-``custom_imports = dict(imports=['nala_mm'])``)::
+them and ``scalars.json`` keeps them. Registered in mmengine's root ``HOOKS`` when this module
+imports; a config (run from the repository root, with it on ``PYTHONPATH``)::
+
+    custom_imports = dict(imports=['nala_mm', 'projects.longrange.training_stats'],
+                          allow_failed_imports=False)
 
     custom_hooks = [dict(type='MixerStatsHook', layers=['backbone.layers.0.blocks.0.attn'],
                          interval=25)]
@@ -22,16 +25,16 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 from mmengine.hooks import Hook
-from mmengine.registry import HOOKS
 from torch import nn
 
-from ..models import GatedAttention
-from .attention_stats import SATURATION
+from nala_mm.analysis.attention_stats import SATURATION
+from nala_mm.models import GatedAttention
+from nala_mm.registry import register_hook
 
 ROW_SEED = 0  # which query rows the negative share samples
 
 
-@HOOKS.register_module()
+@register_hook
 class MixerStatsHook(Hook):
     """Log gradient, query-norm, exponent and sign statistics of named token mixers while
     training (see the module docstring). ``layers``: module names within the model (the

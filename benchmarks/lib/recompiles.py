@@ -1,20 +1,20 @@
 """Graphs that compiled inference makes over the image sizes users meet.
 
 :func:`count_compilations` runs a full-size model (random weights) through
-:func:`nala_mm.compile.compile_feature_extraction` over one of :data:`SIZE_SEQUENCES` and
+:func:`nala_mm.apis.compile.compile_feature_extraction` over one of :data:`SIZE_SEQUENCES` and
 counts the graphs after each size, with dynamo's ``backend='eager'`` (graph capture and its
 guards, no code generation: the guards inductor gets). benchmarks/speed/compile.py reports the
-counts; tests/compile/test_recompiles.py bounds them.
+counts; benchmarks/tests/test_recompiles.py bounds them (make test-extended).
 """
 import os.path as osp
 from typing import Dict, List
 
 import torch
 
-from ..apis.compile import compile_feature_extraction
-from ..apis.config_loading import build_model_from_config
-from ..apis.config_path import configs_root
-from ..apis.data_samples import synthetic_batch
+from nala_mm.apis.compile import compile_feature_extraction
+from nala_mm.apis.config_loading import build_model_from_config
+from nala_mm.apis.config_path import configs_root
+from nala_mm.apis.data_samples import synthetic_batch
 
 NALA_SEG = osp.join(configs_root(), 'ade20k_nala-t-linear_upernet.py')
 # Sizes as the test pipelines hand them to the model: ADE20K's Resize to (2048, 512) with keep

@@ -7,15 +7,15 @@ in a white frame. An object whose colour matches the exemplar's is class ``windo
 which of them the exemplar shows, are drawn afresh for every image, and each object takes either
 with equal chance, so every local statistic is symmetric between the classes: an object's own
 pixels, and its neighbours, say nothing about its class, and only a model that compares the
-object with the distant exemplar can label it (docs/longrange.md).
+object with the distant exemplar can label it (this project's README).
 
 Distances are chosen against the receptive field of the convolutions: every object stays at
 least :data:`FAR_PX` pixels (Chebyshev) away from the exemplar, more than the reach of the
-convolutions on every path to a pixel's logits in the long-range config
-(``configs/longrange/``), so the control mixer that mixes no tokens cannot see the exemplar from
-an object at all.
+convolutions on every path to a pixel's logits in the long-range config (this project's
+``configs/``), so the control mixer that mixes no tokens cannot see the exemplar from an object
+at all.
 
-Layout (what mmseg's ``ADE20KDataset`` reads), as :mod:`.synthetic_ade`::
+Layout (what mmseg's ``ADE20KDataset`` reads), as :mod:`nala_mm.datasets.synthetic_ade`::
 
     root/images/{training,validation}/ADE_{train,val}_00000000.jpg
     root/annotations/{training,validation}/ADE_{train,val}_00000000.png
@@ -23,13 +23,14 @@ Layout (what mmseg's ``ADE20KDataset`` reads), as :mod:`.synthetic_ade`::
 Label PNGs follow ADE20K: value ``ADE index + 1`` of :data:`LONGRANGE_CLASSES`; the exemplar is 0
 (unlabelled, ignored after ``reduce_zero_label``): it is the key, not something to segment.
 
-    python -m nala_mm.datasets.longrange [--root DIR] [--num-train N] [--num-val N] [--seed S]
-                                         [--exemplar-px PX]
+    python -m projects.longrange.data [--root DIR] [--num-train N] [--num-val N] [--seed S]
+                                      [--exemplar-px PX]
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import io
 import os
 from statistics import mean
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -38,8 +39,8 @@ import numpy as np
 from PIL import Image
 from tqdm import tqdm
 
-from . import synthetic_common as common
-from .synthetic_ade import ADE_CLASS_NAMES
+from nala_mm.datasets import synthetic_common as common
+from nala_mm.datasets.synthetic_ade import ADE_CLASS_NAMES
 
 DEFAULT_ROOT = 'data/longrange/ade/ADEChallengeData2016'
 DEFAULT_SIZE = (128, 128)
@@ -58,7 +59,7 @@ PALETTE = np.array([(220, 40, 40), (40, 190, 60), (50, 80, 230), (230, 210, 40),
 COLOUR_JITTER = 12.0  # per image and colour, shared by the exemplar and the objects
 EXEMPLAR_PX = 32  # thickness of the exemplar band: a FRAME_PX white frame around the colour
 FRAME_PX = 4
-# the thinnest band that still shows its colour (benchmarks/studies/longrange_graded.py thins it)
+# the thinnest band that still shows its colour (graded.py thins it)
 MIN_EXEMPLAR_PX = 2 * FRAME_PX + 1
 FRAME_GREY = 245.0
 EDGE_MARGIN_PX = (2, 8)  # exemplar distance from the image edges, drawn uniformly
@@ -78,7 +79,8 @@ MIN_SIZE = 3 * FAR_PX  # below this few objects fit far enough from the exemplar
 _STAMP_NAME = '.longrange.json'
 # Bump whenever the rendered output changes, so stale stamps stop matching.
 _FORMAT_VERSION = 1
-_SPLITS = (('training', 'ADE_train'), ('validation', 'ADE_val'))
+_SPLITS = (('training', 'ADE_train'), ('validation', 'ADE_val'))  # split codes 0, 1
+JPEG_QUALITY = 95
 
 Box = Tuple[int, int, int, int]  # y0, x0, y1, x1 (exclusive ends)
 
@@ -278,7 +280,8 @@ def generate_longrange(root: str = DEFAULT_ROOT, num_train: int = 1000, num_val:
             for index, name in enumerate(_file_names(prefix, counts[split])):
                 image, label = render(sample_scene(scene_rng(seed, split_code, index), height,
                                                    width, exemplar_px))
-                Image.fromarray(image).save(os.path.join(image_dir, name + '.jpg'), quality=95)
+                Image.fromarray(image).save(os.path.join(image_dir, name + '.jpg'),
+                                            quality=JPEG_QUALITY)
                 Image.fromarray(label).save(os.path.join(label_dir, name + '.png'))
                 if split == 'validation':
                     val_pixels += [int((label == LABEL_VALUE[c]).sum())
@@ -289,6 +292,18 @@ def generate_longrange(root: str = DEFAULT_ROOT, num_train: int = 1000, num_val:
                  for c, n in zip(LONGRANGE_CLASSES, val_pixels)}
     common.write_stamp(stamp_path, {'params': params, 'class_pixel_fraction': fractions})
     return summary(fractions)
+
+
+def validation_image(index: int, seed: int = 0, image_size: Tuple[int, int] = DEFAULT_SIZE,
+                     exemplar_px: int = EXEMPLAR_PX) -> np.ndarray:
+    """The pixels mmseg loads from validation image ``index`` of :func:`generate_longrange` with
+    these arguments, drawn again (:func:`scene_rng`) and through the same JPEG encoding, without
+    the data on disk: the study's report pictures one (``--report-only`` needs no data)."""
+    height, width = image_size
+    image, _ = render(sample_scene(scene_rng(seed, 1, index), height, width, exemplar_px))
+    encoded = io.BytesIO()
+    Image.fromarray(image).save(encoded, format='JPEG', quality=JPEG_QUALITY)
+    return np.asarray(Image.open(encoded))
 
 
 def local_chance_miou(class_pixel_fraction: Dict[str, float]) -> float:

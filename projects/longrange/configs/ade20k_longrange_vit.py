@@ -1,4 +1,4 @@
-# The long-range exemplar task (docs/longrange.md) for a plain ViT: mmseg's stock
+# The long-range exemplar task (projects/longrange/README.md) for a plain ViT: mmseg's stock
 # VisionTransformer, patch 8 (a 16 x 16 grid at 128 x 128), with the class token, decoded by
 # the task's 1x1-convolution head from its last layer, whose tokens are 8 px apart. The softmax
 # teacher of the linearize study (benchmarks/studies/linearize.py, docs/linearize.md); the same

@@ -1,13 +1,18 @@
-# The long-range exemplar task (docs/longrange.md; data: nala_mm.datasets.longrange): an
+# The long-range exemplar task (projects/longrange/README.md; data: projects.longrange.data): an
 # object's class says whether its colour matches an exemplar band at least 36 px away, so only
 # token mixing can carry the answer. One token mixer in all four stages (NaLa's cosine kernel
-# here; benchmarks/studies/longrange.py swaps it), decoded by mmseg's stock SegformerHead (1x1
+# here; projects/longrange/study.py swaps it), decoded by mmseg's stock SegformerHead (1x1
 # convolutions only, no global pooling) from the stride-4 features alone, with no auxiliary
 # head: the convolutions on every path to a pixel's logits (the stem, the stage-1 block, the
 # decoder's upsampling) reach 32 px, less than the exemplar's distance, so the control mixer
 # that mixes no tokens cannot see the exemplar from any object, and the stage-1 mixer is the one
 # that must find it. Stages 2-4 run but get no gradient. Sized for a 2-core CPU.
-_base_ = ['../demo/ade20k_demo_nala_upernet.py']
+_base_ = ['../../../configs/demo/ade20k_demo_nala_upernet.py']
+
+# the project's modules (MixerStatsHook, which its studies add to custom_hooks) import from the
+# repository root: run from there with it on PYTHONPATH (as the studies' runs do)
+custom_imports = dict(imports=['nala_mm', 'projects.longrange.training_stats'],
+                      allow_failed_imports=False)
 
 data_root = 'data/longrange/ade/ADEChallengeData2016'
 metainfo = dict(classes=('wall', 'windowpane', 'painting'))

@@ -1,9 +1,9 @@
 """Token mixers on the long-range exemplar task, at equal budget, with a control that mixes no
 tokens, and the attention statistics of one trained model per mixer (the paper's Figure 1).
 
-The task (nala_mm.datasets.longrange, docs/longrange.md): look-alike objects in two colours
+The task (projects.longrange.data, this project's README): look-alike objects in two colours
 whose class says whether they match the colour of an exemplar at least 36 px away; the
-long-range config (configs/longrange/ade20k_longrange_segformer.py) decodes only the stride-4
+long-range config (configs/ade20k_longrange_segformer.py here) decodes only the stride-4
 features with 1x1 convolutions, so no convolution reaches the exemplar from an object and only
 the stage-1 token mixer can carry the answer. Each (variant, seed) trains from scratch in its
 own process through tools/train.py (every mixer has the same parameters; a seed fixes the
@@ -11,16 +11,16 @@ initial weights and the data order) and is evaluated once on the 100 validation 
 first seed's model of every variant then goes through the attention analysis
 (nala_mm.analysis.analyze_backbone) on one validation image, in a fresh process: Spearman(entropy,
 ||q||) per layer, NaLa's exponent saturation, and how much of an object's attention row lands on
-the exemplar (nala_mm.datasets.longrange.exemplar_mass), for objects that match it and objects
+the exemplar (projects.longrange.data.exemplar_mass), for objects that match it and objects
 that do not. Before the runs, the control model's receptive field
 (benchmarks.lib.receptive_field) is checked to fall short of the exemplar.
 
-Results: benchmarks/results/studies/longrange.{json,md,png} (every run in the JSON).
+Results: projects/longrange/results/longrange.{json,md,png} (every run in the JSON).
 
-    python -m benchmarks.studies.longrange           # 9 variants x 3 seeds (make longrange)
-    python -m benchmarks.studies.longrange --variants softmax identity --seeds 0 1   # calibration
-    python -m benchmarks.studies.longrange --mixer "dict(type='MyMixer', k=2)" --out /tmp/mine
-    python -m benchmarks.studies.longrange --report-only             # table and plot from the JSON
+    python -m projects.longrange.study           # 9 variants x 3 seeds (make longrange)
+    python -m projects.longrange.study --variants softmax identity --seeds 0 1   # calibration
+    python -m projects.longrange.study --mixer "dict(type='MyMixer', k=2)" --out /tmp/mine
+    python -m projects.longrange.study --report-only             # table and plot from the JSON
 """
 import argparse
 import ast
@@ -32,14 +32,16 @@ import time
 from statistics import mean, stdev
 from typing import Dict, List, Optional, Tuple
 
+from benchmarks.lib import report
+from benchmarks.lib.paths import REPO
+from benchmarks.lib.presets import PRESETS, MixerPreset
+from benchmarks.lib.runs import mixer_sweep_config, train_config
 from nala_mm.analysis.measure import add_case_argument, print_case_result, run_case
 
-from ..lib import report
-from ..lib.paths import REPO, STUDY_RESULTS
-from ..lib.presets import PRESETS, MixerPreset
-from ..lib.runs import mixer_sweep_config, train_config
-
-CONFIG_PATH = osp.join(REPO, 'configs', 'longrange', 'ade20k_longrange_segformer.py')
+PROJECT = osp.dirname(osp.abspath(__file__))
+# the committed results of the study and of the graded sweep (graded.py)
+RESULTS = osp.join(PROJECT, 'results')
+CONFIG_PATH = osp.join(PROJECT, 'configs', 'ade20k_longrange_segformer.py')
 CONTROL, REFERENCE = 'identity', 'softmax'
 # the task needs attention when softmax beats the control by this much at every seed
 REQUIRED_GAP = 15.0
@@ -49,6 +51,7 @@ THREADS = 1
 VARIANTS: Dict[str, MixerPreset] = PRESETS
 # the attention-row picture: one query, these mixers side by side
 PICTURE = ('nala-cosine', 'linear-relu', 'softmax')
+STATS_INDEX = 0  # the validation image the attention analysis and the picture use
 
 
 def parse_mixer(text: str) -> dict:
@@ -92,7 +95,7 @@ def run_one(variant: str, mixer: dict, seed: int, iters: int, work_root: str) ->
 def per_class_iou(work_dir: str) -> dict:
     """Per-class IoU from the run's log (mmseg prints it as a table; scalars.json has only the
     means), and the mean over the two object classes."""
-    from nala_mm.datasets.longrange import LONGRANGE_CLASSES
+    from .data import LONGRANGE_CLASSES
     logs = [osp.join(root, f) for root, _, files in os.walk(work_dir) for f in files
             if f.endswith('.log')]
     ious = {}
@@ -123,8 +126,9 @@ def stats_case(config: str, checkpoint: str, image: str, seed: int,
 
     from nala_mm import compat
     from nala_mm.analysis import analyze_backbone, preprocess
-    from nala_mm.config_loading import build_model_from_config
-    from nala_mm.datasets.longrange import (
+    from nala_mm.apis.config_loading import build_model_from_config
+
+    from .data import (
         EXEMPLAR_PX,
         MATCH_CLASS,
         exemplar_mass,
@@ -159,10 +163,10 @@ def control_reach() -> int:
     """How far (Chebyshev, px) the input pixels that can change a pixel's logits lie from it in
     the long-range config's control model, randomly initialised
     (:func:`~benchmarks.lib.receptive_field.conv_reach`)."""
-    from nala_mm.config_loading import build_model_from_config
-    from nala_mm.datasets.longrange import DEFAULT_SIZE
+    from benchmarks.lib.receptive_field import conv_reach
+    from nala_mm.apis.config_loading import build_model_from_config
 
-    from ..lib.receptive_field import conv_reach
+    from .data import DEFAULT_SIZE
     model, _ = build_model_from_config(
         CONFIG_PATH, {'model.backbone.mixers': [dict(PRESETS[CONTROL].mixer)] * 4})
     model.init_weights()
@@ -335,8 +339,8 @@ def plot(saved: dict, path: str) -> None:
                  f'squares: mean ± std)')
     ax.grid(True, axis='y', alpha=0.3)
     if result:
-        from PIL import Image
-        image = np.asarray(Image.open(osp.join(REPO, result['image'])))
+        from .data import validation_image
+        image = validation_image(STATS_INDEX)  # result['image'], as the data hold it
         height, width = image.shape[:2]
         ey0, ex0, ey1, ex1 = result['exemplar_box']
         for row, query in enumerate(queries, start=1):
@@ -375,11 +379,11 @@ def main() -> None:
                         "'LinearAttention', feature_map='elu')\"; repeatable; runs as "
                         "'custom-<i>' beside --variants")
     parser.add_argument('--seeds', nargs='+', type=int, default=[0, 1, 2])
-    # the schedule of the committed results (benchmarks/results/studies/longrange.json)
+    # the schedule of the committed results (results/longrange.json)
     parser.add_argument('--iters', type=int, default=1500)
     parser.add_argument('--no-stats', action='store_true',
                         help='skip the attention analysis of the first seed')
-    parser.add_argument('--out', default=STUDY_RESULTS)
+    parser.add_argument('--out', default=RESULTS)
     report.add_report_only_argument(parser, 'longrange')
     parser.add_argument('--calibration', metavar='JSON',
                         help='with --report-only: store this calibration record (the designs '
@@ -404,7 +408,7 @@ def main() -> None:
     os.chdir(REPO)  # the config's data root is relative to the repository
     from mmengine.config import Config
 
-    from nala_mm.datasets.longrange import FAR_PX, generate_longrange, local_chance_miou
+    from .data import FAR_PX, generate_longrange, local_chance_miou
     cfg = Config.fromfile(CONFIG_PATH)
     data_root = cfg.train_dataloader.dataset.data_root
     data = generate_longrange(data_root, image_size=cfg.image_size)
@@ -412,7 +416,7 @@ def main() -> None:
     for i, mixer in enumerate(args.mixer):
         variants[f'custom-{i}'] = MixerPreset(label=f'{mixer}', mixer=mixer)
     labels = {v: spec.label for v, spec in variants.items()}
-    stats_image = osp.join(data_root, 'images', 'validation', 'ADE_val_00000000.jpg')
+    stats_image = osp.join(data_root, 'images', 'validation', f'ADE_val_{STATS_INDEX:08d}.jpg')
     import torch
     torch.set_num_threads(THREADS)
     reach = control_reach()

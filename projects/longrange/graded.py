@@ -3,9 +3,9 @@ with intervals and pre-registered exact tests, and a difficulty axis on which sp
 matter, the exemplar band's thickness.
 
 Everything it runs is set by the pre-registered plan (``--plan``, by default
-benchmarks/results/studies/longrange_graded/plan.md, committed before the runs): the success
+results/longrange_graded/plan.md, committed before the runs): the success
 threshold, the seeds per mixer, the band thicknesses and the tests. Each run (mixer, seed, band)
-is one process that trains through tools/train.py (benchmarks.studies.longrange's config, one
+is one process that trains through tools/train.py (projects.longrange.study's config, one
 thread, validated every ``val_interval`` iterations), measures the stage-1 attention mass its
 object queries put on the exemplar over a few validation images, and writes its own JSON under
 ``OUT/longrange_graded/runs/``; a sweep skips the runs whose JSON is there, so it can be stopped
@@ -22,12 +22,12 @@ second regression beside the pre-registered one.
 
 The report (``OUT/longrange_graded.{json,md,png}``) is a function of the plan, the hypothesis,
 the level facts and the run files alone: an invocation with every run done runs nothing and
-rewrites it identically. Statistics: nala_mm.analysis.success_rates. The cost (minutes a run,
+rewrites it identically. Statistics: projects.longrange.success_rates. The cost (minutes a run,
 hours for the plan, two at a time) is stated in the report, from the runs' own wall times.
 
-    python -m benchmarks.studies.longrange_graded                 # what is not done yet
-    python -m benchmarks.studies.longrange_graded --max-runs 20   # then stop (commit, resume)
-    python -m benchmarks.studies.longrange_graded --report-only
+    python -m projects.longrange.graded                 # what is not done yet
+    python -m projects.longrange.graded --max-runs 20   # then stop (commit, resume)
+    python -m projects.longrange.graded --report-only
 """
 import argparse
 import json
@@ -43,17 +43,17 @@ from dataclasses import asdict, dataclass
 from statistics import mean, median
 from typing import Dict, List, Optional
 
+from benchmarks.lib import report
+from benchmarks.lib.paths import REPO
+from benchmarks.lib.presets import PRESETS
+from benchmarks.lib.runs import mixer_sweep_config, tool_env, train_config
 from nala_mm.analysis.measure import error_of
-from nala_mm.analysis.training_stats import series_mean
 
-from ..lib import report
-from ..lib.paths import REPO, STUDY_RESULTS
-from ..lib.presets import PRESETS
-from ..lib.runs import mixer_sweep_config, tool_env, train_config
-from .longrange import CONFIG_PATH, THREADS, control_reach, per_class_iou, stats_case
+from .study import CONFIG_PATH, RESULTS, THREADS, control_reach, per_class_iou, stats_case
+from .training_stats import series_mean
 
 NAME = 'longrange_graded'
-PLAN = osp.join(STUDY_RESULTS, NAME, 'plan.md')
+PLAN = osp.join(RESULTS, NAME, 'plan.md')
 WORKERS = 2  # processes at a time: one per core, one thread each
 STATS_IMAGES = 8  # validation images whose object rows give a run's exemplar mass
 STAGE_1 = 'layers.0.blocks.0.attn'  # the one mixer the task's decoder reads
@@ -115,7 +115,7 @@ def read_amendment(plan_path: str, plan: dict) -> Optional[dict]:
     """The plan's amendment (``amendment.md`` beside it, committed before its runs), or None:
     ``levels_px``, band thicknesses the plan does not hold, run with the plan's axis mixers at
     its level seeds, and ``reason``, why they were added after the plan."""
-    from nala_mm.datasets.longrange import MIN_EXEMPLAR_PX
+    from .data import MIN_EXEMPLAR_PX
     path = beside_plan(plan_path, AMENDMENT_FILE)
     if not osp.exists(path):
         return None
@@ -159,11 +159,15 @@ def mixer_labels(hypothesis: Optional[dict]) -> Dict[str, str]:
 
 
 def plan_commit(path: str) -> str:
-    """The commit that last changed the plan ('uncommitted' when git does not know it)."""
+    """The commit that last changed the plan's text ('uncommitted' when git does not know it).
+    A move is not a change: the file is followed across renames that keep its bytes (``-M100%``
+    detects only those, ``--diff-filter=AM`` skips them), so the plans committed under
+    benchmarks/results/studies/ before the study moved here (#54) keep their commits."""
     inside = osp.relpath(path, REPO)
     if inside.startswith('..'):
         return 'uncommitted'
-    proc = subprocess.run(['git', 'log', '-1', '--format=%h', '--', inside], cwd=REPO,
+    proc = subprocess.run(['git', 'log', '-1', '--format=%h', '--follow', '-M100%',
+                           '--diff-filter=AM', '--', inside], cwd=REPO,
                           capture_output=True, text=True)
     clean = subprocess.run(['git', 'diff', '--quiet', 'HEAD', '--', inside], cwd=REPO,
                            capture_output=True).returncode == 0
@@ -171,9 +175,17 @@ def plan_commit(path: str) -> str:
         else 'uncommitted'
 
 
+def moved(path: str) -> str:
+    """A results path as a plan names it, where the file is now: the committed plan was
+    registered when the study's results lived in benchmarks/results/studies/ (they moved to
+    projects/longrange/results/ in #54), and a registered plan is not edited."""
+    old = 'benchmarks/results/studies/'
+    return osp.relpath(osp.join(RESULTS, path[len(old):]), REPO) if path.startswith(old) else path
+
+
 def success_threshold(plan: dict) -> float:
     """The plan's rule: the midpoint of the calibrated control's and softmax's object mIoU."""
-    summary = report.read_json(osp.join(REPO, plan['success']['threshold_from']))['summary']
+    summary = report.read_json(osp.join(REPO, moved(plan['success']['threshold_from'])))['summary']
     return (summary['identity']['object_mIoU_mean'] + summary['softmax']['object_mIoU_mean']) / 2
 
 
@@ -223,7 +235,7 @@ def amended_runs(plan: dict, amendment: Optional[dict]) -> List[Run]:
 
 def data_root(band: int) -> str:
     """Each band's data (the task's own band: the long-range study's folder)."""
-    from nala_mm.datasets.longrange import DEFAULT_ROOT, EXEMPLAR_PX
+    from .data import DEFAULT_ROOT, EXEMPLAR_PX
     return DEFAULT_ROOT if band == EXEMPLAR_PX else \
         f'data/longrange/band{band}/ade/ADEChallengeData2016'
 
@@ -236,7 +248,7 @@ def level_facts(band: int) -> dict:
     mIoU of a model blind to the exemplar."""
     import numpy as np
 
-    from nala_mm.datasets.longrange import (
+    from .data import (
         FAR_PX,
         box_distance,
         generate_longrange,
@@ -266,7 +278,7 @@ def level_facts(band: int) -> dict:
 def validation_curve(work_dir: str, records: List[dict]) -> List[dict]:
     """Object mIoU at each validation, in order: mmseg logs a per-class table at each, and
     scalars.json has the iteration of each."""
-    from nala_mm.datasets.longrange import LONGRANGE_CLASSES
+    from .data import LONGRANGE_CLASSES
     tables, current = [], {}
     logs = sorted(osp.join(root, f) for root, _, files in os.walk(work_dir) for f in files
                   if f.endswith('.log'))
@@ -300,7 +312,7 @@ def mixer_series(records: List[dict]) -> List[dict]:
 def run_one(run: Run, plan: dict, threshold: float, work_root: str,
             hypothesis: Optional[dict] = None) -> dict:
     """Train one run, validate it along the way, measure its exemplar mass."""
-    from nala_mm.datasets.longrange import EXEMPLAR_PX
+    from .data import EXEMPLAR_PX
     root = data_root(run.band)
     text = mixer_sweep_config(CONFIG_PATH, mixer_config(run.mixer, hypothesis), run.seed,
                               plan['iters'], log_every=STATS_EVERY) + (
@@ -385,7 +397,7 @@ def load_runs(out: str, runs: List[Run]) -> List[dict]:
 
 def rate_row(runs: List[dict]) -> dict:
     """Success count, rate with its Wilson interval, the successes' object mIoU and crossing."""
-    from nala_mm.analysis.success_rates import wilson_interval
+    from .success_rates import wilson_interval
     won = [r for r in runs if r['success']]
     low, high = wilson_interval(len(won), len(runs))
     return dict(runs=len(runs), successes=len(won), rate=len(won) / len(runs), low=low,
@@ -402,7 +414,7 @@ def grade(plan: dict, runs: List[dict], levels: Dict[str, dict],
     """Rates per mixer and band, the pre-registered tests (on what has run) and the logistic
     model of success on mixer x level: the plan's, and with an amendment's runs, a second one
     over every level."""
-    from nala_mm.analysis.success_rates import barnard_p, holm
+    from .success_rates import barnard_p, holm
     task_band = plan['levels_px'][0]
     rates = {}
     for band in axis_bands(plan, amendment):
@@ -435,7 +447,7 @@ def level_model(plan: dict, runs: List[dict], levels: Dict[str, dict]) -> Option
     the interaction."""
     import numpy as np
 
-    from nala_mm.analysis.success_rates import firth_logistic, likelihood_ratio_p
+    from .success_rates import firth_logistic, likelihood_ratio_p
     mixers = [m for m in plan['level_mixers'] if m != 'identity']
     chosen = [r for r in runs if r['mixer'] in mixers and str(r['band']) in levels]
     if len({r['band'] for r in chosen}) < 2 or len({r['mixer'] for r in chosen}) < 2:
@@ -448,8 +460,11 @@ def level_model(plan: dict, runs: List[dict], levels: Dict[str, dict]) -> Option
     interaction = list(range(2 + len(others), x.shape[1]))
     full, reduced = firth_logistic(x, y), firth_logistic(x, y, zero=interaction)
     names = ['intercept', *others, 'level'] + [f'{m} x level' for m in others]
-    return dict(terms=dict(zip(names, (float(c) for c in full['coef']))), runs=len(chosen),
-                interaction_p=likelihood_ratio_p(full, reduced, len(interaction)))
+    # to 10 significant digits: the iterative fit's last digits follow the BLAS and the CPU
+    # (the committed values moved by 1e-13 on another machine), the report must not
+    return dict(terms={n: float(f'{c:.10g}') for n, c in zip(names, full['coef'])},
+                runs=len(chosen),
+                interaction_p=float(f'{likelihood_ratio_p(full, reduced, len(interaction)):.10g}'))
 
 
 EARLY_ITERS = 500  # the diagnosis' early phase: before most runs cross the threshold
@@ -493,7 +508,7 @@ def controlled_test(hypothesis: dict, runs: List[dict], changed: List[dict]) -> 
     """The hypothesis' change against its base at the seeds both have run (not part of the
     pre-registered family): success counts, Barnard's exact p, the successes' object mIoU and
     each seed's pair."""
-    from nala_mm.analysis.success_rates import barnard_p
+    from .success_rates import barnard_p
     base = {r['seed']: r for r in runs if r['mixer'] == hypothesis['base']
             and r['band'] == changed[0]['band']} if changed else {}
     pairs = [(base[r['seed']], r) for r in changed if r['seed'] in base]
@@ -729,7 +744,7 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--plan', default=PLAN, help='the pre-registered plan (markdown with '
                         'one ```json block)')
-    parser.add_argument('--out', default=STUDY_RESULTS)
+    parser.add_argument('--out', default=RESULTS)
     parser.add_argument('--max-runs', type=int, help='stop after this many new runs')
     parser.add_argument('--run', help=argparse.SUPPRESS)  # one run, in a worker process
     report.add_report_only_argument(parser, NAME)
@@ -752,7 +767,7 @@ def main() -> None:
         if str(band) not in levels:
             levels[str(band)] = level_facts(band)
         else:  # the data are needed even when their facts are stored
-            from nala_mm.datasets.longrange import generate_longrange
+            from .data import generate_longrange
             generate_longrange(data_root(band), exemplar_px=band)
     os.makedirs(osp.dirname(levels_path), exist_ok=True)
     report.write_json(levels_path, levels)

@@ -1,6 +1,6 @@
 """Success rates of training runs that either find a solution or do not: intervals, exact
 two-sample tests, a multiple-comparison correction, and a logistic model robust to rates of 0 or
-1 (benchmarks/studies/longrange_graded.py grades token mixers with them).
+1 (graded.py grades token mixers with them).
 
 Bimodal outcomes (a run finds the long-range exemplar or stays at chance) make means over a few
 seeds rank nothing; counts of successes do, with the statistics below.

@@ -1,4 +1,4 @@
-"""The graded long-range sweep (benchmarks.studies.longrange_graded) on a tiny plan: it runs what
+"""The graded long-range sweep (projects.longrange.graded) on a tiny plan: it runs what
 is missing and only that, two at a time, a stopped sweep resumes, a finished one runs nothing
 and rewrites its report byte for byte, and each run's JSON holds its validation curve and its
 stage-1 mixer's series. Real training runs (tools/train.py): make test-extended."""
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 pytestmark = [pytest.mark.integration, pytest.mark.extended]
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 PLAN = {"success": {"metric": "object_mIoU",
                     "threshold_from": "benchmarks/results/studies/longrange.json",
                     "rule": "midpoint"},
@@ -20,7 +20,7 @@ PLAN = {"success": {"metric": "object_mIoU",
 
 
 def sweep(plan: Path, out: Path, *extra: str) -> str:
-    proc = subprocess.run([sys.executable, '-m', 'benchmarks.studies.longrange_graded',
+    proc = subprocess.run([sys.executable, '-m', 'projects.longrange.graded',
                            '--plan', str(plan), '--out', str(out), *extra], cwd=REPO,
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]

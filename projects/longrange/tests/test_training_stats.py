@@ -8,13 +8,14 @@ import torch
 from mmengine.config import Config
 from mmengine.runner import Runner
 
-from nala_mm.analysis.training_stats import MixerStatsHook, series_mean
 from nala_mm.models import NaLaFormer, NormAwareLinearAttention
+from projects.longrange.training_stats import MixerStatsHook, series_mean
 
 TINY = dict(embed_dims=(16, 32, 32, 32), depths=(1, 1, 1, 1), num_heads=(1, 2, 2, 2),
             mlp_ratios=(2, 2, 2, 2))
 LAYER = 'layers.0.blocks.0.attn'
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
+CONFIG = REPO / 'projects' / 'longrange' / 'configs' / 'ade20k_longrange_segformer.py'
 
 
 def test_gradient_norm_and_exponent_are_the_watched_iterations():
@@ -70,10 +71,10 @@ def test_a_name_that_is_not_a_mixer_is_refused_by_name():
 @pytest.mark.integration
 def test_scalars_reach_scalars_json_through_the_runner(tmp_path):
     """The long-range config for 4 iterations on a few generated images, stats every 2."""
-    from nala_mm.datasets.longrange import generate_longrange
+    from projects.longrange.data import generate_longrange
     root = tmp_path / 'ADEChallengeData2016'
     generate_longrange(str(root), num_train=8, num_val=2, progress=False)
-    cfg = Config.fromfile(str(REPO / 'configs' / 'longrange' / 'ade20k_longrange_segformer.py'))
+    cfg = Config.fromfile(str(CONFIG))
     for loader in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
         cfg[loader].dataset.data_root = str(root)
         cfg[loader].num_workers, cfg[loader].persistent_workers = 0, False

@@ -1,4 +1,4 @@
-"""The graded sweep's report (benchmarks.studies.longrange_graded, run as its command) on what
+"""The graded sweep's report (projects.longrange.graded, run as its command) on what
 is committed beside its plan: the hypothesis, a controlled change validated when read and
 reported against its base mixer at the seeds both have run, and an amendment, levels added to
 the axis after the plan, reported as such beside the pre-registered regression. The report
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 PLAN = {"success": {"metric": "object_mIoU",
                     "threshold_from": "benchmarks/results/studies/longrange.json",
@@ -34,7 +34,7 @@ def write_file(path, payload: dict) -> None:
 
 
 def report(plan, out) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, '-m', 'benchmarks.studies.longrange_graded',
+    return subprocess.run([sys.executable, '-m', 'projects.longrange.graded',
                            '--plan', str(plan), '--out', str(out), '--report-only'], cwd=REPO,
                           capture_output=True, text=True)
 
