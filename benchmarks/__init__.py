@@ -1,2 +1,3 @@
-"""Speed benchmarks and studies over the package and its tools; run as modules from the
-repository root (``python -m benchmarks.speed.vit``), results under ``benchmarks/results/``."""
+"""Speed benchmarks and studies over the package and its tools, declared in
+:mod:`benchmarks.registry` and run by name from the repository root (``python -m benchmarks run
+vit``); results under ``benchmarks/results/``."""

@@ -1,9 +1,8 @@
 """What the layout promises: tools (scripts), benchmarks and projects (modules) run over the
 package with no sys.path edits, the package imports nothing from tools/, benchmarks/, projects/
 or tests/, tools and tests import nothing from benchmarks/, the released-op transcription imports
-nothing it checks, and every benchmark has its make target."""
+nothing it checks. (That every benchmark is declared to the runner: benchmarks/tests/.)"""
 import ast
-import re
 
 import pytest
 
@@ -65,29 +64,3 @@ def test_the_released_op_transcription_imports_only_torch():
     time it against it): it must not import the code it checks."""
     modules = _imported_modules(REPO / 'tests' / 'reference' / 'released_op.py')
     assert modules and {m.split('.')[0] for m in modules} <= {'typing', 'torch'}
-
-
-def _make_targets_running_benchmarks() -> dict:
-    """Makefile target -> the benchmark modules its recipe runs (``-m benchmarks.KIND.NAME``)."""
-    targets, current = {}, None
-    for line in (REPO / 'Makefile').read_text().splitlines():
-        header = re.match(r'^([\w-]+):', line)
-        if header:
-            current = header.group(1)
-        for module in re.findall(r'-m (benchmarks\.\w+\.\w+)', line):
-            targets.setdefault(current, []).append(module)
-    return targets
-
-
-def test_every_benchmark_has_a_make_target_that_the_readme_lists():
-    """A benchmark is its module in benchmarks/speed/ or benchmarks/studies/, a make target
-    that runs it, and the target named in the README's benchmark list."""
-    modules = {f'benchmarks.{path.parent.name}.{path.stem}' for kind in ('speed', 'studies')
-               for path in (REPO / 'benchmarks' / kind).glob('*.py') if path.stem != '__init__'}
-    targets = _make_targets_running_benchmarks()
-    run = {module for found in targets.values() for module in found}
-    assert modules and modules == run, (f'no make target: {sorted(modules - run)}; '
-                                        f'no such module: {sorted(run - modules)}')
-    readme = (REPO / 'README.md').read_text()
-    listed = set(re.findall(r'`([\w-]+)`', readme.split('**Benchmarks**', 1)[1].split('\n\n')[0]))
-    assert set(targets) <= listed, f'not in the README: {sorted(set(targets) - listed)}'

@@ -6,7 +6,7 @@
 
 Data is generated once (deterministic) under data/demo; reruns reuse it. Each run writes its
 summary (metrics, the per-class table, time, iterations) to WORK_DIR/demo_summary.json
-(``make demo-results`` commits both demos' summaries: benchmarks/studies/demos.py).
+(``python -m benchmarks run demos`` commits both demos' summaries: benchmarks/studies/demos.py).
 """
 import argparse
 import json

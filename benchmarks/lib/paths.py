@@ -1,7 +1,7 @@
 """Where the benchmarks read and write: the repository root and the committed results tree,
 which mirrors ``benchmarks/``: ``results/speed/`` for the speed benchmarks, ``results/studies/``
 for the studies, and ``results/tools/`` for what a tool writes with its documented results
-command (``make demo-results``, ``make flops-table``)."""
+command (``python -m benchmarks run demos``, ``python tools/get_flops.py --variants``)."""
 import os.path as osp
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))

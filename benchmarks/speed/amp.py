@@ -6,7 +6,7 @@ fp16 with dynamic loss scaling on GPU (mmengine's ``AmpOptimWrapper``). On
 timed in turns in one process. Results: benchmarks/results/speed/amp.{json,md,png}.
 Discussed in docs/robustness.md ('Mixed precision').
 
-    python -m benchmarks.speed.amp [--crop 256] [--batch 2] [--repeats 5]   # make amp-bench
+    python -m benchmarks.speed.amp [--crop 256] [--batch 2] [--repeats 5]
 """
 import argparse
 import os

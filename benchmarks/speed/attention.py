@@ -18,7 +18,7 @@ machine's load drift. Explicit softmax is not run where its N x N matrix alone p
 (its lower bound is recorded). Results: benchmarks/results/speed/attention.{json,md,png}
 (``attention_cuda.*`` on GPU). Discussed in docs/speed.md.
 
-    python -m benchmarks.speed.attention                 # all cases (make bench)
+    python -m benchmarks.speed.attention                 # all cases
     python -m benchmarks.speed.attention --sizes 32 64   # square side lengths
     python -m benchmarks.speed.attention --report-only   # the page and plot from the JSON
 """

@@ -42,7 +42,7 @@ Compiled models are called once before measuring; that first call's seconds are 
 of a case timed in turns. Results: benchmarks/results/speed/compile.{json,md,png}; discussed in
 docs/speed.md.
 
-    python -m benchmarks.speed.compile                            # every part (make compile-bench)
+    python -m benchmarks.speed.compile                            # every part
     python -m benchmarks.speed.compile --parts recompiles layer
     python -m benchmarks.speed.compile --device cuda --parts layer --layer-sides 128 256
     python -m benchmarks.speed.compile --parts vit --sides 512 2048 --profile

@@ -9,7 +9,7 @@ to, so a size below its split threshold shows ~1.0.
 Results: benchmarks/results/speed/conv_weight_grad.{json,md,png}.
 Discussed in docs/speed.md.
 
-    python -m benchmarks.speed.conv_weight_grad [--repeats 5]   # make conv-bench
+    python -m benchmarks.speed.conv_weight_grad [--repeats 5]
 """
 import functools
 import os

@@ -21,7 +21,7 @@ is skipped and its prediction recorded instead, so the out-of-memory killer is n
 (each child also runs under an address-space limit). Results: benchmarks/results/speed/vit.{json,md,
 png}; the Cityscapes whole-image vs sliding-window inference is benchmarks/speed/vit_cityscapes.py.
 
-    python -m benchmarks.speed.vit                                   # everything (make vit-bench)
+    python -m benchmarks.speed.vit                                   # everything
     python -m benchmarks.speed.vit --widths s --sizes 512 1024 --train-sizes --out /tmp/vit
     python -m benchmarks.speed.vit --report-only
 """

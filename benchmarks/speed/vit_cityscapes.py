@@ -12,7 +12,7 @@ allocations); a case predicted past the free memory is skipped and its predictio
 (:func:`benchmarks.lib.grid.run_grid`). Results: benchmarks/results/speed/vit_cityscapes.{json,md};
 docs/vit.md.
 
-    python -m benchmarks.speed.vit_cityscapes                  # make vit-bench runs it after vit.py
+    python -m benchmarks.speed.vit_cityscapes
     python -m benchmarks.speed.vit_cityscapes --cases nala_whole nala_slide --out /tmp/x
 """
 import os

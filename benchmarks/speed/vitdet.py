@@ -15,7 +15,7 @@ No relative-position biases in any layout (docs/vitdet.md). Memory: each model i
 process; time: a case's models in turns in one process (benchmarks/lib/grid.py). Batch 1.
 Results: benchmarks/results/speed/vitdet.{json,md,png}.
 
-    python -m benchmarks.speed.vitdet                 # everything (make vitdet-bench)
+    python -m benchmarks.speed.vitdet                 # everything
     python -m benchmarks.speed.vitdet --report-only
 """
 import argparse

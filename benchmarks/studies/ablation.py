@@ -8,7 +8,7 @@ through tools/train.py and is evaluated once at the end (mIoU on the 40 validati
 Results: benchmarks/results/studies/ablation.{json,md,png} (the JSON lists every run); discussed in
 docs/mixers.md.
 
-    python -m benchmarks.studies.ablation                   # 5 variants x 3 seeds (make ablation)
+    python -m benchmarks.studies.ablation                   # 5 variants x 3 seeds
     python -m benchmarks.studies.ablation --iters 100 --seeds 0 --variants nala-cosine softmax
 """
 import argparse

@@ -3,7 +3,7 @@
 (``WORK_DIR/demo_summary.json``) stamped with the commit that trained them and written to
 benchmarks/results/studies/demo_{seg,det}.json; discussed in docs/demos.md.
 
-    python -m benchmarks.studies.demos            # both (make demo-results)
+    python -m benchmarks.studies.demos            # both
     python -m benchmarks.studies.demos seg
 """
 import argparse

@@ -27,7 +27,7 @@ this one: :mod:`.linearize_choices` (the transfer's design choices on the Swin t
 :mod:`.linearize_iterations` (the ViT teacher's zero-shot mIoU against transfer iterations).
 Results: benchmarks/results/studies/linearize.{json,md,png}; discussed in docs/linearize.md.
 
-    python -m benchmarks.studies.linearize           # both teachers, 3 seeds (make linearize)
+    python -m benchmarks.studies.linearize           # both teachers, 3 seeds
     python -m benchmarks.studies.linearize --teachers swin --seeds 0 --finetune-iters 40 \
         --out /tmp/l
     python -m benchmarks.studies.linearize --report-only

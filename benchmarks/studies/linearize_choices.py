@@ -5,7 +5,7 @@ parts) and the learning rate; for each, the zero-shot mIoU of the swapped model 
 error against the teacher. Results: benchmarks/results/studies/linearize_choices.{json,md};
 discussed in docs/linearize.md.
 
-    python -m benchmarks.studies.linearize_choices          # make linearize-choices
+    python -m benchmarks.studies.linearize_choices
     python -m benchmarks.studies.linearize_choices --report-only
 """
 import argparse

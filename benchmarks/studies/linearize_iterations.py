@@ -3,7 +3,7 @@
 transfer's time, per seed. Results: benchmarks/results/studies/linearize_iterations.{json,md};
 discussed in docs/linearize.md.
 
-    python -m benchmarks.studies.linearize_iterations       # make linearize-iterations
+    python -m benchmarks.studies.linearize_iterations
     python -m benchmarks.studies.linearize_iterations --report-only
 """
 import argparse

@@ -13,7 +13,7 @@ SimpleFPN and Mask R-CNN at 64 channels; trained from scratch with LSJ at 192x19
 in SimpleFPN (``CONFIG`` says why).
 Results: benchmarks/results/studies/linearize_vitdet.{json,md,png}; discussed in docs/vitdet.md.
 
-    python -m benchmarks.studies.linearize_vitdet        # make linearize-vitdet
+    python -m benchmarks.studies.linearize_vitdet
     python -m benchmarks.studies.linearize_vitdet --seeds 0 --pretrain-iters 100 \\
         --transfer-iters 20 --out /tmp/lv
     python -m benchmarks.studies.linearize_vitdet --report-only

@@ -11,7 +11,7 @@ The detection demo's config (configs/demo/coco_demo_nala_mask-rcnn.py), shortene
 
 Each variant trains in its own process through tools/train.py and is evaluated once at the end
 (bbox and segm mAP on the 30 validation images). Results:
-benchmarks/results/studies/out_norm_study.{json,md} (``make out-norm-study``).
+benchmarks/results/studies/out_norm_study.{json,md} (``python -m benchmarks run out_norm_study``).
 
     python -m benchmarks.studies.out_norm_study
     python -m benchmarks.studies.out_norm_study --epochs 4 --variants nala nala-out-norm

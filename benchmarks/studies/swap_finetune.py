@@ -10,7 +10,7 @@ swap is tools/linearize.py with ``--iters 0`` (the weights carried over, no tran
 swapped model right after it (no fine-tuning) is evaluated through tools/test.py.
 Results: benchmarks/results/studies/swap_finetune.{json,md,png}; discussed in docs/swap.md.
 
-    python -m benchmarks.studies.swap_finetune                  # 3 seeds (make swap-study)
+    python -m benchmarks.studies.swap_finetune                  # 3 seeds
     python -m benchmarks.studies.swap_finetune --seeds 0 --pretrain-iters 40 --finetune-iters 20
     python -m benchmarks.studies.swap_finetune --report-only    # table and plot from the JSON
 """

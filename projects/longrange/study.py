@@ -17,7 +17,7 @@ that do not. Before the runs, the control model's receptive field
 
 Results: projects/longrange/results/longrange.{json,md,png} (every run in the JSON).
 
-    python -m projects.longrange.study           # 9 variants x 3 seeds (make longrange)
+    python -m projects.longrange.study           # 9 variants x 3 seeds
     python -m projects.longrange.study --variants softmax identity --seeds 0 1   # calibration
     python -m projects.longrange.study --mixer "dict(type='MyMixer', k=2)" --out /tmp/mine
     python -m projects.longrange.study --report-only             # table and plot from the JSON
