@@ -20,7 +20,7 @@ import os.path as osp
 import sys
 from typing import List
 
-PACKAGE_DIR = osp.dirname(osp.abspath(__file__))
+PACKAGE_DIR = osp.dirname(osp.dirname(osp.abspath(__file__)))  # nala_mm/
 
 
 def configs_root() -> str:
