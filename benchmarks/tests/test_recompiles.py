@@ -1,6 +1,6 @@
 """The compile benchmark's size sequences (benchmarks/lib/recompiles.py) compile a bounded number
 of graphs at full size. Here, beside the helper, since tests/ imports nothing from benchmarks/
-(tests/test_layout.py); collected by make test through pytest.ini's testpaths."""
+(tests/ruff.toml); collected by make test through pytest.ini's testpaths."""
 import pytest
 
 from benchmarks.lib.recompiles import SIZE_SEQUENCES, count_compilations

@@ -18,11 +18,6 @@ def source(page: str) -> str:
     return (REPO / page).read_text(encoding='utf-8')
 
 
-def test_readme_is_short():
-    """The README is for users (at most 250 lines); the detail goes to docs/."""
-    assert len(source('README.md').splitlines()) <= 250
-
-
 def headings(path: str) -> List[str]:
     """The headings of a markdown file (outside fenced code)."""
     found, fenced = [], False

@@ -109,7 +109,7 @@ def test_rope_table_meets_the_released_frequencies(head_dim):
 
 def test_the_references_import_nothing_from_the_package():
     """The references import each other and torch, nothing of the package (the released op
-    sequence imports only torch: tests/test_layout.py)."""
+    sequence imports only torch: tests/reference/test_independence.py)."""
     reference = pathlib.Path(__file__).resolve().parents[1] / 'reference'
     imported = {}
     for path in reference.glob('*.py'):
