@@ -30,8 +30,8 @@ TINY_ARCH = dict(embed_dims=(16, 32, 48, 64), depths=(1, 1, 2, 1), num_heads=(1,
 
 
 class SquaredReLU(FeatureMap):
-    """``relu(x)^2``: a user's map that the package does not ship (docs/mixers.md's example),
-    registered by being defined."""
+    """``relu(x)^2``: a user's map that the package does not ship (docs/user_guides/mixers.md's
+    example), registered by being defined."""
     flops_per_feature = 2
 
     def forward(self, x):

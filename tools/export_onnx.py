@@ -15,7 +15,7 @@ compared with PyTorch at the export size and, with ``--dynamic``, at a second si
 multiple of 32 (H + 13, W + 29). It prints the relative L2 error of every output and both
 latencies, and exits with status 1 when the largest error exceeds ``--tolerance``.
 Needs the deploy extra: ``pip install -e .[deploy]`` (onnx, onnxruntime, onnxscript).
-See docs/deploy.md.
+See docs/user_guides/deploy.md.
 """
 import argparse
 import os.path as osp

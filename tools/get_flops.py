@@ -10,7 +10,7 @@ tensor of exactly ``--shape`` (batch 1; no data preprocessor, so no padding). A 
 traced in ``mode='tensor'`` (backbone, neck and decode head; the auxiliary head, unused at
 inference, is dropped as in mmseg's get_flops); a detector in ``mode='tensor'`` too (backbone,
 neck, RPN proposals, heads, no post-processing). ``--variants`` writes the table of
-benchmarks/results/tools/flops_variants.md (docs/method.md, 'Block and backbone').
+benchmarks/results/tools/flops_variants.md (docs/user_guides/method.md, 'Block and backbone').
 """
 import argparse
 from functools import partial
@@ -66,7 +66,8 @@ def report(config: str, height: int, width: int, backbone_only: bool, cfg_option
 
 
 class ClassificationTail(nn.Module):
-    """The authors' ImageNet tail (docs/method.md, 'Block and backbone'), counted only to compare
+    """The authors' ImageNet tail (docs/user_guides/method.md, 'Block and backbone'), counted only
+    to compare
     with the paper's classifiers: proj, BN, Swish, average pool, 1x1 head. The per-token Linear
     is written as a 1x1 conv (same multiply-adds)."""
 
@@ -84,7 +85,7 @@ class ClassificationTail(nn.Module):
 
 def variants(side: int) -> None:
     """Backbone GFLOPs per variant (default hybrid attention), and with the classification tail
-    (the paper's counts, docs/method.md's variants table, are the classifiers')."""
+    (the paper's counts, docs/user_guides/method.md's variants table, are the classifiers')."""
     print(f'NaLaFormer backbones at {side} x {side} (default hybrid mixers), GFLOPs with '
           '1 multiply-add = 1 flop\n')
     print('| variant | backbone params w/o out norms (M) | + tail params (M) | '

@@ -1,6 +1,6 @@
 """Linearize a softmax-trained model: train the NaLa mixers of a swapped config to reproduce its
 stock backbone's blocks, without labels (attention transfer, nala_mm.apis.linearize;
-docs/linearize.md).
+docs/user_guides/linearize.md).
 
     python tools/linearize.py CONFIG CHECKPOINT --out OUT.pth [--iters N] [--lr LR]
         [--report FILE.json] [--target block|attention] [--inputs teacher|sequence]

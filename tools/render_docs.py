@@ -48,9 +48,9 @@ TRANSFORMS: Dict[str, Callable[[Any], Any]] = {
 
 
 def pages() -> List[Path]:
-    """The pages that may carry figures: the README, every page of docs/ and each project's
+    """The pages that may carry figures: the README, every page under docs/ and each project's
     README."""
-    return [REPO / 'README.md', *sorted((REPO / 'docs').glob('*.md')),
+    return [REPO / 'README.md', *sorted((REPO / 'docs').rglob('*.md')),
             *sorted((REPO / 'projects').glob('*/README.md'))]
 
 

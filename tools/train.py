@@ -14,7 +14,7 @@ repeated block class of the backbone once instead (:func:`nala_mm.apis.compile.c
 a fraction of the compile time, the rest eager. Either way the process runs under
 :func:`nala_mm.apis.compile.apply_compile_settings` (changing input sizes train; the recompile limit
 raises instead of falling back to eager), validation stays eager, and checkpoints are the eager
-model's (no ``_orig_mod.`` prefix). ``docs/speed.md`` says what compiles and what it gains.
+model's (no ``_orig_mod.`` prefix). ``docs/reports/speed.md`` says what compiles and what it gains.
 """
 import argparse
 import os

@@ -4,7 +4,7 @@ AMP = what ``tools/train.py --amp`` selects: bf16 autocast on CPU (``BF16Autocas
 fp16 with dynamic loss scaling on GPU (mmengine's ``AmpOptimWrapper``). On
 :func:`benchmarks.lib.grid.run_grid`: each precision's peak memory in its own process, then both
 timed in turns in one process. Results: benchmarks/results/speed/amp.{json,md,png}.
-Discussed in docs/robustness.md ('Mixed precision').
+Discussed in docs/user_guides/robustness.md ('Mixed precision').
 
     python -m benchmarks.speed.amp [--crop 256] [--batch 2] [--repeats 5]
 """

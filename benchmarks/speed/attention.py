@@ -16,7 +16,7 @@ fresh process of its own, then all of them timed in turns in one process, so tha
 against the released sequence (medians of per-round ratios) are not biased by a shared
 machine's load drift. Explicit softmax is not run where its N x N matrix alone passes a limit
 (its lower bound is recorded). Results: benchmarks/results/speed/attention.{json,md,png}
-(``attention_cuda.*`` on GPU). Discussed in docs/speed.md.
+(``attention_cuda.*`` on GPU). Discussed in docs/reports/speed.md.
 
     python -m benchmarks.speed.attention                 # all cases
     python -m benchmarks.speed.attention --sizes 32 64   # square side lengths

@@ -9,7 +9,7 @@ after building, for ``ReleasedNaLaAttention`` (registered nowhere). Inference: e
 ``torch.no_grad``. Training step: train mode (BatchNorm statistics, DropPath), forward +
 backward of the sum of the four outputs, batch 2. Processes, report and plot:
 benchmarks/lib/sweep.py.
-Results: benchmarks/results/speed/backbone.{json,md,png}; discussed in docs/speed.md.
+Results: benchmarks/results/speed/backbone.{json,md,png}; discussed in docs/reports/speed.md.
 
     python -m benchmarks.speed.backbone                          # fwd 1024 2048, train 512 1024
     python -m benchmarks.speed.backbone --sizes 512 --train-sizes --models nala_t_linear swin_t

@@ -40,7 +40,7 @@ Compiled models are called once before measuring; that first call's seconds are 
 ``warm_setup_s`` in the timing process, which reuses that process's on-disk caches (warm). On
 :func:`benchmarks.lib.grid.run_grid`: peak memory per model in a process of its own, the models
 of a case timed in turns. Results: benchmarks/results/speed/compile.{json,md,png}; discussed in
-docs/speed.md.
+docs/reports/speed.md.
 
     python -m benchmarks.speed.compile                            # every part
     python -m benchmarks.speed.compile --parts recompiles layer

@@ -7,7 +7,7 @@ Each pair is timed in turns in a fresh process (:func:`benchmarks.lib.grid.run_g
 only; median of the per-round ratios); the chosen path is what ``conv_weight_grad`` dispatches
 to, so a size below its split threshold shows ~1.0.
 Results: benchmarks/results/speed/conv_weight_grad.{json,md,png}.
-Discussed in docs/speed.md.
+Discussed in docs/reports/speed.md.
 
     python -m benchmarks.speed.conv_weight_grad [--repeats 5]
 """

@@ -11,7 +11,7 @@ fast NaLa path). One process, same weights, same input:
     median of the per-round ratios ONNX Runtime / PyTorch. (Not on the grid of the other speed
     benchmarks: the engines share one exported graph and its session, in one process.)
 torch.compile is measured in benchmarks/speed/compile.py.
-Results: benchmarks/results/speed/deploy.{json,md,png}; discussed in docs/deploy.md.
+Results: benchmarks/results/speed/deploy.{json,md,png}; discussed in docs/user_guides/deploy.md.
 
     python -m benchmarks.speed.deploy [--sides 512 1024] [--repeats 5 3]
     python -m benchmarks.speed.deploy --report-only    # the page and plot from the JSON

@@ -6,7 +6,7 @@ head, the logits at 1/4 scale). Training step: train mode, ``forward(mode='loss'
 150-class label maps (decode and auxiliary heads), the summed loss's backward, batch 2.
 Processes, report and plot: benchmarks/lib/sweep.py.
 Results: benchmarks/results/speed/segmentor.{json,md,png} (``segmentor_cuda.*`` on GPU).
-Discussed in docs/speed.md.
+Discussed in docs/reports/speed.md.
 
     python -m benchmarks.speed.segmentor                              # fwd 1024 2048, train 512
     python -m benchmarks.speed.segmentor --sizes 512 --train-sizes --device cuda

@@ -7,7 +7,7 @@ against the stock parent) and each model's peak memory is taken in a fresh proce
 (benchmarks/lib/sweep.py). Parameters and FLOPs (nala_mm.analysis.count_flops, which counts the
 swapped mixers' fast op) come from one traced forward per model and size. The NaLa mixers use the
 paper's cosine kernel (the 'nala' shorthand), as the configs in configs/swap/ do. Results:
-benchmarks/results/speed/swap.{json,md,png}; discussed in docs/swap.md.
+benchmarks/results/speed/swap.{json,md,png}; discussed in docs/user_guides/swap.md.
 
     python -m benchmarks.speed.swap                                  # everything
     taskset -c 0 python -m benchmarks.speed.swap --threads 1         # one core of a shared machine

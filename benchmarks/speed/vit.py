@@ -222,7 +222,7 @@ def summarise(saved: dict) -> dict:
 
 def summary_table(rows: List[dict]) -> List[str]:
     """Per width, mode and size: each model's time and peak memory side by side, and NaLa's
-    ratios (the table docs/vit.md copies)."""
+    ratios (the table docs/user_guides/vit.md copies)."""
     def cell(row):
         if not row or row.get('skipped') or not row.get('ms'):
             return 'skipped' if row and row.get('skipped') else '-'

@@ -10,7 +10,7 @@ download), one batch-1 image, ``EncoderDecoder.inference`` in eval mode without 
 above the baseline taken (no warm-up call: every call takes minutes here, far more than one-time
 allocations); a case predicted past the free memory is skipped and its prediction recorded
 (:func:`benchmarks.lib.grid.run_grid`). Results: benchmarks/results/speed/vit_cityscapes.{json,md};
-docs/vit.md.
+docs/user_guides/vit.md.
 
     python -m benchmarks.speed.vit_cityscapes
     python -m benchmarks.speed.vit_cityscapes --cases nala_whole nala_slide --out /tmp/x

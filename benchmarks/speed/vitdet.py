@@ -11,8 +11,8 @@ Layouts (the ViT-B and the neck of configs/swap/coco_vitdet-b_mask-rcnn_lsj-100e
 * ``vitdet_stock`` (1024² only): ViTDet's windows, its global blocks mmcv's stock
   ``MultiheadAttention`` (explicit N x N weights).
 
-No relative-position biases in any layout (docs/vitdet.md). Memory: each model in a fresh
-process; time: a case's models in turns in one process (benchmarks/lib/grid.py). Batch 1.
+No relative-position biases in any layout (docs/user_guides/vitdet.md). Memory: each model in a
+fresh process; time: a case's models in turns in one process (benchmarks/lib/grid.py). Batch 1.
 Results: benchmarks/results/speed/vitdet.{json,md,png}.
 
     python -m benchmarks.speed.vitdet                 # everything

@@ -6,7 +6,7 @@ shortened schedule, data order and seeds; only the mixer differs, and every mixe
 same parameters (the shared gated wrapper). Each (variant, seed) trains in its own process
 through tools/train.py and is evaluated once at the end (mIoU on the 40 validation images).
 Results: benchmarks/results/studies/ablation.{json,md,png} (the JSON lists every run); discussed in
-docs/mixers.md.
+docs/user_guides/mixers.md.
 
     python -m benchmarks.studies.ablation                   # 5 variants x 3 seeds
     python -m benchmarks.studies.ablation --iters 100 --seeds 0 --variants nala-cosine softmax

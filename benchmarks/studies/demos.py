@@ -1,7 +1,7 @@
 """The committed results of the two embedded demos: ``tools/demo.py seg`` and ``det`` (what
 ``make demo`` and ``make demo-det`` run) each in its own process, their summaries
 (``WORK_DIR/demo_summary.json``) stamped with the commit that trained them and written to
-benchmarks/results/studies/demo_{seg,det}.json; discussed in docs/demos.md.
+benchmarks/results/studies/demo_{seg,det}.json; discussed in docs/reports/demos.md.
 
     python -m benchmarks.studies.demos            # both
     python -m benchmarks.studies.demos seg

@@ -25,7 +25,8 @@ Every run is its own process (tools/train.py, tools/test.py, tools/linearize.py)
 The teachers, the arms' configs and the runs are shared by the two follow-up studies beside
 this one: :mod:`.linearize_choices` (the transfer's design choices on the Swin teacher) and
 :mod:`.linearize_iterations` (the ViT teacher's zero-shot mIoU against transfer iterations).
-Results: benchmarks/results/studies/linearize.{json,md,png}; discussed in docs/linearize.md.
+Results: benchmarks/results/studies/linearize.{json,md,png}; discussed in
+docs/user_guides/linearize.md.
 
     python -m benchmarks.studies.linearize           # both teachers, 3 seeds
     python -m benchmarks.studies.linearize --teachers swin --seeds 0 --finetune-iters 40 \

@@ -3,7 +3,7 @@
 teacher's or the student's own sequence), which parameters learn (the mixer or only its new
 parts) and the learning rate; for each, the zero-shot mIoU of the swapped model and its feature
 error against the teacher. Results: benchmarks/results/studies/linearize_choices.{json,md};
-discussed in docs/linearize.md.
+discussed in docs/user_guides/linearize.md.
 
     python -m benchmarks.studies.linearize_choices
     python -m benchmarks.studies.linearize_choices --report-only

@@ -1,7 +1,7 @@
 """The long-range ViT teacher of :mod:`benchmarks.studies.linearize` after 0 (the plain swap),
 200, 800 and 2,000 iterations of attention transfer: its zero-shot mIoU, feature error and the
 transfer's time, per seed. Results: benchmarks/results/studies/linearize_iterations.{json,md};
-discussed in docs/linearize.md.
+discussed in docs/user_guides/linearize.md.
 
     python -m benchmarks.studies.linearize_iterations
     python -m benchmarks.studies.linearize_iterations --report-only

@@ -1,7 +1,8 @@
 """Attention transfer reaches the detector: a tiny stock-layout ViTDet (softmax in windows, two
 global SDPA blocks) trained on the generated COCO data, then converted to NaLa in every block by
 tools/linearize.py, either by the plain swap (``--iters 0``, weights carried over) or after 800
-iterations of attention transfer (the iteration count docs/linearize.md measured for the ViT).
+iterations of attention transfer (the iteration count docs/user_guides/linearize.md measured for
+the ViT).
 Both are evaluated zero-shot (no labelled fine-tuning): bbox mAP on the validation images, per
 seed (the seed sets the transfer's data order). The teacher keeps its windows
 (``--teacher-config``). Every run is its own process.
@@ -11,7 +12,8 @@ six blocks in ViTDet's pattern (two windowed blocks of 4x4 windows, then a globa
 SimpleFPN and Mask R-CNN at 64 channels; trained from scratch with LSJ at 192x192 (resize 0.8 to
 1.25, crop), AdamW without layer decay (a from-scratch run, not a fine-tuning one), BatchNorm
 in SimpleFPN (``CONFIG`` says why).
-Results: benchmarks/results/studies/linearize_vitdet.{json,md,png}; discussed in docs/vitdet.md.
+Results: benchmarks/results/studies/linearize_vitdet.{json,md,png}; discussed in
+docs/user_guides/vitdet.md.
 
     python -m benchmarks.studies.linearize_vitdet
     python -m benchmarks.studies.linearize_vitdet --seeds 0 --pretrain-iters 100 \\

@@ -8,7 +8,8 @@ measures how much of the trained model survives the swap and how fast it recover
 difference between the mixers. Every run trains in its own process through tools/train.py; the
 swap is tools/linearize.py with ``--iters 0`` (the weights carried over, no transfer), and the
 swapped model right after it (no fine-tuning) is evaluated through tools/test.py.
-Results: benchmarks/results/studies/swap_finetune.{json,md,png}; discussed in docs/swap.md.
+Results: benchmarks/results/studies/swap_finetune.{json,md,png}; discussed in
+docs/user_guides/swap.md.
 
     python -m benchmarks.studies.swap_finetune                  # 3 seeds
     python -m benchmarks.studies.swap_finetune --seeds 0 --pretrain-iters 40 --finetune-iters 20

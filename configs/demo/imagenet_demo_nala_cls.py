@@ -15,7 +15,7 @@ data_preprocessor = dict(num_classes=num_classes)
 model = dict(
     backbone=dict(
         # the segmentation demo's backbone (configs/demo/ade20k_demo_nala_upernet.py), so that
-        # a checkpoint of this demo initialises that one (docs/getting_started.md)
+        # a checkpoint of this demo initialises that one (docs/user_guides/getting_started.md)
         arch=dict(_delete_=True, embed_dims=(32, 64, 128, 192), depths=(1, 1, 2, 1),
                   num_heads=(1, 2, 4, 6), mlp_ratios=(3, 3, 3, 3)),
         drop_path_rate=0.05),

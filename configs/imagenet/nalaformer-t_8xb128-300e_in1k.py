@@ -18,7 +18,7 @@ model = dict(
         type='NaLaFormer',
         arch='t',
         # The released flags: NaLa in stages 1-2, softmax in 3-4; the released code's NaLa is the
-        # ReLU split (docs/method.md, "Paper vs released code").
+        # ReLU split (docs/user_guides/method.md, "Paper vs released code").
         mixers=(dict(type='NormAwareLinearAttention', kernel='relu'),) * 2 + ('softmax',) * 2,
         out_indices=(3,),
         out_norm_cfg=None,  # the tail follows stage 4 directly: no per-output norm

@@ -1,7 +1,7 @@
 # mmseg's DeiT-S UperNet on ADE20K (512x512; the stock config's name says 160k, it inherits an 80k
 # schedule) with NaLa in all 12 layers of the ViT. Every layer: a single softmax layer left would
 # keep the cost quadratic in the tokens, which is what decides whole-image inference at high
-# resolution (docs/vit.md). Only the backbone type,
+# resolution (docs/user_guides/vit.md). Only the backbone type,
 # `mixers` and the mixers' LayerNorm decay change; the DeiT-S weights of the stock config carry
 # q/k/v and the output projection into the mixers.
 _base_ = ['mmseg::vit/vit_deit-s16_upernet_8xb2-160k_ade20k-512x512.py']

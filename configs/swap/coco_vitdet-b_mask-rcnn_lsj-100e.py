@@ -2,7 +2,7 @@
 # SimpleFPN, trained on COCO with large-scale jitter at 1024x1024 for 100 epochs
 # (184,375 iterations at 64 images). mmdet 3.3.0 from pip ships the LSJ data recipe but no
 # ViTDet; the backbone, the pyramid and the layer-decay constructor come from nala_mm
-# (docs/vitdet.md).
+# (docs/user_guides/vitdet.md).
 # Stock layout: softmax in 14x14 windows in eight blocks, global in blocks 2, 5, 8 and 11,
 # all through PyTorch's fused SDPA ('sdpa'; 'softmax' there keeps mmcv's MultiheadAttention,
 # which materialises the N x N weights).

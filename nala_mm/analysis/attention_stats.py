@@ -1,7 +1,7 @@
 """What the attention layers of a backbone do on one input: the statistics behind the paper's
 Figure 1 (a larger query norm gives a sharper attention row) for every
 :class:`~nala_mm.models.GatedAttention` of a model. ``tools/analyze_attention.py`` draws them
-(docs/mixers.md, 'Looking at the attention').
+(docs/user_guides/mixers.md, 'Looking at the attention').
 
 Per layer (:func:`layer_statistics`, from the layer's input and :meth:`GatedAttention.project`):
 
@@ -20,7 +20,7 @@ Per layer (:func:`layer_statistics`, from the layer's input and :meth:`GatedAtte
   with RoPE may be signed.
 * **A norm-dependent query exponent** (NaLa's ``p = lam (tau + tanh(||q|| / s))``): the share
   of (head, query) pairs within 1 % of its ceiling ``lam (tau + 1)`` (:func:`saturated_share`);
-  see docs/method.md, 'Query norm x direction'.
+  see docs/user_guides/method.md, 'Query norm x direction'.
 
 Nothing here knows a mixer class or a backbone's module names: each layer says whether its rows
 with RoPE are distributions (:attr:`GatedAttention.rope_rows_are_distributions`), its exponent

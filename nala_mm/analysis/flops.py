@@ -30,14 +30,14 @@ model, so they would count 0; this module adds them:
     * scaling the output by ``z``                  N*d    (readout op)
 
   For NaLa (e = 2, c = 4) that is ``4*N*d^2 + 29*N*d`` with RoPE, the leading ``4*N*d^2`` of
-  docs/method.md ('Cost').
+  docs/user_guides/method.md ('Cost').
 
 The reference mode (``mode='reference'``, and every mixer while exporting) is made of ordinary
 ops, so stock mmengine counts it: its ``matmul`` total equals the fast node's ``attn_matmul``
 exactly, while its element-wise work counts 0 there, as for any other model.
 
 :func:`count_flops` is the one entry point (``tools/get_flops.py`` and the benchmarks use it).
-The counts of the model variants against the paper's: docs/fidelity.md, 'FLOPs'.
+The counts of the model variants against the paper's: docs/reports/fidelity.md, 'FLOPs'.
 """
 from collections import Counter
 from dataclasses import dataclass

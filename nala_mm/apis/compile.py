@@ -22,13 +22,13 @@ process (the tools do).
 **Whole model** (:func:`compile_model`) and **regional** (:func:`compile_regions`): the latter
 compiles the *class* of each repeated block once (NaLaFormer's :class:`NaLaBlock`, the stock
 blocks of the swapped Swin, MiT, PVTv2 and ViT) and lets every instance share its graphs, which
-cuts compile time (``docs/speed.md``); the stem, downsamples and heads stay eager.
+cuts compile time (``docs/reports/speed.md``); the stem, downsamples and heads stay eager.
 
 **Inference** (:func:`compile_feature_extraction`): mmengine's ``compile=True`` compiles
 ``train_step`` only; ``tools/test.py``, ``tools/infer.py`` and ``tools/benchmark.py`` take
 ``--compile`` and compile ``extract_feat`` (backbone and neck) with dynamic sizes: one graph
 serves every size its guards admit, and a size sequence compiles a handful of graphs
-(``docs/speed.md`` gives the counts).
+(``docs/reports/speed.md`` gives the counts).
 
 **Training under mmengine** (``tools/train.py --compile``): mmengine compiles the whole
 ``train_step``, the optimizer's update included. Traced, ``optimizer.step`` fails on mmengine's

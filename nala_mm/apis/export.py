@@ -19,8 +19,8 @@ quicker to export, deprecated by torch.
 :func:`compare` runs the graph in ONNX Runtime (CPUExecutionProvider) against PyTorch: the
 relative L2 error of every output and both latencies; :func:`check_sizes` gives the export size
 and, for a dynamic graph, a second size that no stride divides. ``tools/export_onnx.py`` is the
-command line; docs/deploy.md has the measured errors and latencies. ONNX export needs the deploy
-extra: ``pip install -e .[deploy]`` (onnx, onnxruntime, onnxscript).
+command line; docs/user_guides/deploy.md has the measured errors and latencies. ONNX export needs
+the deploy extra: ``pip install -e .[deploy]`` (onnx, onnxruntime, onnxscript).
 """
 import copy
 import importlib

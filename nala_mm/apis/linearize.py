@@ -1,6 +1,6 @@
 """Attention transfer: train the NaLa mixers of a swapped stock backbone to reproduce what its
 softmax-trained original computes, without labels, before any fine-tuning (``tools/linearize.py``,
-docs/linearize.md).
+docs/user_guides/linearize.md).
 
 The *teacher* is the swapped backbone's stock parent, built with the same arguments (minus
 ``mixers``) and holding the stock checkpoint's weights, frozen; for a checkpoint trained in a
@@ -24,8 +24,8 @@ What a swapped block is trained to reproduce, and how (:class:`TransferOptions`)
   relative error, so blocks of every scale weigh alike), Adam at ``lr``, no weight decay.
 
 The defaults are what ``benchmarks/studies/linearize_choices.py`` measured on a small Swin
-(docs/linearize.md, "The choices, measured"): the block's output as the target, the student in
-sequence, every mixer parameter (the carried q/k/v move too) and lr 1e-3.
+(docs/user_guides/linearize.md, "The choices, measured"): the block's output as the target, the
+student in sequence, every mixer parameter (the carried q/k/v move too) and lr 1e-3.
 """
 import time
 from contextlib import contextmanager

@@ -1,8 +1,8 @@
 """NaLaFormer as an mmpretrain image classifier: the authors' classification tail, and their
 checkpoints in mmpretrain's ``ImageClassifier``.
 
-The released classifier (docs/method.md) ends with a projection of every stage-4 token to 1024
-channels, BatchNorm, SiLU (their "Swish"), global average pooling and a 1x1-conv head. In
+The released classifier (docs/user_guides/method.md) ends with a projection of every stage-4 token
+to 1024 channels, BatchNorm, SiLU (their "Swish"), global average pooling and a 1x1-conv head. In
 mmpretrain's ``ImageClassifier`` that is::
 
     backbone  NaLaFormer(out_indices=(3,), out_norm_cfg=None)   mmengine's root registry

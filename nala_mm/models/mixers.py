@@ -65,7 +65,7 @@ class GatedAttention(BaseModule):
     Args:
         embed_dims: channels C.
         num_heads: heads; ``C / num_heads`` must be divisible by 4 when ``use_rope``.
-        use_rope: 2D RoPE on the mixing (docs/method.md, "2D RoPE").
+        use_rope: 2D RoPE on the mixing (docs/user_guides/method.md, "2D RoPE").
         rope_base, lepe_kernel_size: as released (10000, 5).
         mode: ``'fast'`` (hand-written backward nodes) or ``'reference'`` (plain ops); see
             :mod:`nala_mm.ops.mode`.
@@ -116,7 +116,7 @@ class GatedAttention(BaseModule):
     # ------------------------------------------------------------------ what the analysis asks
     def query_exponent(self, qnorm: Tensor) -> Optional[Tensor]:
         """The exponent this mixer gives queries of norm ``qnorm`` (per head), or ``None`` when
-        it has no query exponent (NaLa's is ``p(||q||)``, docs/method.md)."""
+        it has no query exponent (NaLa's is ``p(||q||)``, docs/user_guides/method.md)."""
         return None
 
     def exponent_ceiling(self) -> Optional[float]:
@@ -212,7 +212,8 @@ class KernelizedMixer(GatedAttention):
 
 @register_model
 class NormAwareLinearAttention(KernelizedMixer):
-    """NaLa: norm-aware linear attention (docs/method.md), linear in the number of tokens.
+    """NaLa: norm-aware linear attention (docs/user_guides/method.md), linear in the number of
+    tokens.
 
     Args:
         embed_dims, num_heads, use_rope: see :class:`GatedAttention`.

@@ -1,6 +1,7 @@
 """NaLaFormer backbone for dense prediction, registered for mmseg and mmdet.
 
-The architecture is the authors' (docs/method.md, "Block and backbone"): a conv stem, four stages of
+The architecture is the authors' (docs/user_guides/method.md, "Block and backbone"): a conv stem,
+four stages of
 blocks (LePE-style conv, token mixer, conv, conv-FFN) with conv downsamples between them. Module
 and parameter names follow the authors' classification code, so their checkpoints load once
 :func:`nala_mm.models.pretrained.checkpoint_filter` has dropped the classification tail.
@@ -23,7 +24,8 @@ from .mixer_specs import DEFAULT_HYBRID, MixerEntry, build_mixer, resolve_mixers
 from .pretrained import load_pretrained
 
 # Variants as data: per-stage widths, depths, heads, MLP ratios and LayerScale initial values, and
-# the stochastic-depth rate the authors trained each with (docs/method.md, "Block and backbone").
+# the stochastic-depth rate the authors trained each with (docs/user_guides/method.md, "Block and
+# backbone").
 # The authors' checkpoint of each variant is described in nala_mm.models.pretrained.PRETRAINED.
 ARCH_SETTINGS: Dict[str, dict] = {
     'xt': dict(embed_dims=(32, 64, 128, 384), depths=(2, 2, 2, 2), num_heads=(1, 2, 4, 12),
@@ -234,7 +236,7 @@ class NaLaFormer(BaseModule):
             :mod:`nala_mm.models.mixer_specs`) or a registered mixer's config without its sizes,
             such as ``dict(type='NormAwareLinearAttention', kernel='relu')``. Default: the
             released hybrid ``('nala', 'nala', 'softmax', 'softmax')``. Every mixer has the same
-            parameters, so any checkpoint loads into any choice (docs/mixers.md).
+            parameters, so any checkpoint loads into any choice (docs/user_guides/mixers.md).
         in_channels: image channels.
         out_indices: stages whose features (before the downsample) are returned.
         out_norm_cfg: norm applied to each returned map, as its own module ``out_norm{i}``

@@ -1,7 +1,7 @@
 """The authors' ImageNet checkpoints as data, and the one filter that fits a checkpoint to the
 backbone.
 
-:data:`PRETRAINED` says, per variant, how the authors' file is laid out (docs/method.md,
+:data:`PRETRAINED` says, per variant, how the authors' file is laid out (docs/user_guides/method.md,
 "Authors' checkpoints"); where the configs expect it is ``configs/_base_/nala_pretrained.py``'s.
 :func:`checkpoint_filter` is a pure
 function ``(checkpoint, model) -> state_dict``: it accepts the authors' DeiT-style files, the
@@ -33,8 +33,8 @@ class AuthorsCheckpoint:
 
     Attributes:
         trained_kernel: the NaLa kernel the weights were trained with: the released code's
-            ReLU split, not the paper's cosine inhibit (docs/method.md, "Paper vs released
-            code").
+            ReLU split, not the paper's cosine inhibit (docs/user_guides/method.md, "Paper vs
+            released code").
         tail_prefixes: the classification tail (final projection, norm, head), which a dense
             backbone does not have.
         mixers: the stages' token mixers the weights were trained with, as ``mixers`` entries;

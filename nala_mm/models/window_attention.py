@@ -10,7 +10,7 @@ Padding is ViTDet's: the token grid is padded with zeros at the bottom and right
 of the window *before* the q/k/v projection, and the padded tokens are not masked (their keys and
 values are the projection's biases), as detectron2's ``window_partition`` does; the padded rows
 are cropped after the attention. Decomposed relative-position biases are not provided
-(docs/vitdet.md says what that changes).
+(docs/user_guides/vitdet.md says what that changes).
 """
 from typing import Optional, Sequence
 

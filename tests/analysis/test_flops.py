@@ -160,7 +160,7 @@ def test_matmul_count_scales_as_four_n_d_squared_per_head():
     assert nala_ops(64, 2, 14, 14, 2)['attn_matmul'] == 2 * base  # twice the batch
     assert nala_ops(128, 4, 14, 14, 1)['attn_matmul'] == 2 * base  # twice the heads, same d
     # twice the head dim: a d^2 + b d -> 4 a d^2 + 2 b d, so the d^2 coefficient is
-    # (m(2d) - 2 m(d)) / (2 d^2); per head it must be 4 N (docs/method.md, 'Cost')
+    # (m(2d) - 2 m(d)) / (2 d^2); per head it must be 4 N (docs/user_guides/method.md, 'Cost')
     wide = nala_ops(128, 2, 14, 14, 1)['attn_matmul']
     d, heads, n = 32, 2, 14 * 14
     assert (wide - 2 * base) / (2 * d * d) == 4 * n * heads
@@ -203,8 +203,8 @@ def test_count_flops_splits_the_token_mixing_out():
 
 def backbone_flops(dims, depths, heads, mlp_ratio, nala_stages, height, width,
                    out_indices=(0, 1, 2, 3)) -> Counter:
-    """A NaLaFormer backbone's count from its definition (spec §2; docs/method.md) at mmengine's
-    convention: convs and linears their multiply-adds (no bias), BatchNorm in eval 2 and
+    """A NaLaFormer backbone's count from its definition (spec §2; docs/user_guides/method.md) at
+    mmengine's convention: convs and linears their multiply-adds (no bias), BatchNorm in eval 2 and
     LayerNorm 5 per element, activations, LayerScale and residual adds 0; NaLa as documented,
     softmax as q k^T plus A v."""
     count = Counter()
@@ -332,8 +332,8 @@ def test_get_flops_tool_on_a_segmentor():
 
 def test_swapped_stock_backbone_counts_its_nala_stages():
     """MiT-B0 widths with NaLa in stages 1-2 at 64x64: 16x16 and 8x8 tokens, head dim 32; the
-    NaLa node's matmul work is 4*N*d^2 + 2*N*d per head and block (docs/method.md, 'Cost'), and
-    the stock stages' attention still counts (bmm)."""
+    NaLa node's matmul work is 4*N*d^2 + 2*N*d per head and block (docs/user_guides/method.md,
+    'Cost'), and the stock stages' attention still counts (bmm)."""
     from nala_mm.models.swap import NaLaMixVisionTransformer
     model = NaLaMixVisionTransformer(mixers=DEFAULT_HYBRID,
                                      embed_dims=32, num_layers=[2, 2, 2, 2],
@@ -349,7 +349,7 @@ def test_swapped_stock_backbone_counts_its_nala_stages():
 def test_nala_vit_counts_every_nala_layer_with_its_class_token():
     """A 3-layer ViT of 64 channels (two heads of 32) at 64 x 80: a 4 x 5 patch grid and the
     class token, 21 tokens. Each NaLa layer's node does 4*N*d^2 + 2*N*d matmul work per head
-    (docs/method.md, 'Cost'); the stock softmax layer is counted apart."""
+    (docs/user_guides/method.md, 'Cost'); the stock softmax layer is counted apart."""
     from nala_mm.models.swap import NaLaVisionTransformer
     model = NaLaVisionTransformer(mixers=('nala', 'nala', 'softmax'), img_size=(64, 64),
                                   embed_dims=64, num_layers=3, num_heads=2, mlp_ratio=2)

@@ -15,15 +15,17 @@ ARXIV = {'2506.21137': "the paper's arXiv id", '2308.00442': "FLatten Transforme
          '2312.08874': "Agent Attention's arXiv id", '2412.06590': "InLine attention's arXiv id",
          '2402.04347': "Hedgehog's arXiv id", '2410.10254': "LoLCATs' arXiv id"}
 NOT_MEASURED = {
-    'docs/method.md': {v: "the paper's ImageNet-1K top-1 and GFLOPs (cited on the page)"
+    'docs/user_guides/method.md': {v: "the paper's ImageNet-1K top-1 and GFLOPs (cited on the page)"
                        for v in '79.1 82.6 84.3 85.2 85.7 1.0 2.7 5.1 12.0 18.0'.split()},
-    'docs/vit.md': {'10': "SETR's stock 10x learning rate on its heads (a setting)"},
-    'docs/linearize.md': {'90': "the issue's goal for the zero-shot mIoU (a target)"},
-    'docs/swap.md': {v: 'ADE20K mIoU / COCO AP of Swin-T, FLatten-Swin-T and Agent-Swin-T as '
-                        'their papers report them (cited on the page)'
-                     for v in '44.51 44.82 46.68 43.7 39.8 44.2 40.2 44.6 40.7'.split()},
-    'docs/vitdet.md': dict.fromkeys(('51.6', '45.9'), "ViTDet-B's COCO AP, detectron2's zoo"),
-    'docs/getting_started.md': {
+    'docs/user_guides/vit.md': {'10': "SETR's stock 10x learning rate on its heads (a setting)"},
+    'docs/user_guides/linearize.md': {'90': "the issue's goal for the zero-shot mIoU (a target)"},
+    'docs/user_guides/swap.md': {v: 'ADE20K mIoU / COCO AP of Swin-T, FLatten-Swin-T and '
+                                    'Agent-Swin-T as their papers report them (cited on the page)'
+                                 for v in '44.51 44.82 46.68 43.7 39.8 44.2 40.2 44.6 40.7'.split()
+                                 },
+    'docs/user_guides/vitdet.md': dict.fromkeys(('51.6', '45.9'),
+                                                "ViTDet-B's COCO AP, detectron2's zoo"),
+    'docs/user_guides/getting_started.md': {
         '17.6': "DeiT-B's GFLOPs, as the DeiT paper reports them (cited with its training time)",
         '0.7': 'an estimate from DeiT-B\'s cost scaled by GFLOPs (stated as one on the page)'},
 }

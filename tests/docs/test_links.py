@@ -9,9 +9,8 @@ import pytest
 
 from tests.helpers import REPO
 
-PAGES = ['README.md'] + sorted(f'docs/{name}' for name in os.listdir(REPO / 'docs')
-                               if name.endswith('.md')) + \
-    sorted(str(p.relative_to(REPO)) for p in (REPO / 'projects').glob('*/README.md'))
+PAGES = ['README.md'] + sorted(str(p.relative_to(REPO)) for pages in (
+    (REPO / 'docs').rglob('*.md'), (REPO / 'projects').glob('*/README.md')) for p in pages)
 
 
 def source(page: str) -> str:
@@ -38,7 +37,7 @@ def heading_anchors(path: str) -> set:
 @pytest.mark.parametrize('page', PAGES)
 def test_relative_links_resolve(page):
     """Links between the README, the docs and the results files point at files and headings
-    that exist (the code's docstrings cite docs/method.md's headings too)."""
+    that exist (the code's docstrings cite docs/user_guides/method.md's headings too)."""
     targets = re.findall(r'\]\(([^)\s]+)\)', source(page))
     broken = []
     for target in targets:
@@ -53,12 +52,13 @@ def test_relative_links_resolve(page):
 
 
 QUOTED = r'"[^"]+"|\'[^\']+\''  # a double-quoted name may hold an apostrophe
-CITATION = re.compile(rf'docs/(\w+)\.md\s*[,(]\s*(?:see\s+)?((?:(?:{QUOTED})\s*,?\s*)+)')
+CITATION = re.compile(rf'docs/((?:\w+/)*\w+)\.md\s*[,(]\s*(?:see\s+)?((?:(?:{QUOTED})\s*,?\s*)+)')
 
 
 def test_sections_the_code_cites_exist():
-    """Docstrings and comments point at docs sections by heading (``docs/method.md, "Cubed
-    keys"``): each cited heading exists, so renaming one breaks this test, not the pointer."""
+    """Docstrings and comments point at docs sections by heading
+    (``docs/user_guides/method.md, "Cubed keys"``): each cited heading exists, so renaming one
+    breaks this test, not the pointer."""
     missing = []
     for folder in ('nala_mm', 'tools', 'benchmarks', 'configs'):
         for root, _, files in os.walk(osp.join(REPO, folder)):

@@ -71,7 +71,7 @@ import torch
 from tests.helpers import PYTHON, REPO, TINY_ARCH, tool_env
 
 PAGES = ['README.md'] + sorted(str(p.relative_to(REPO)) for pages in (
-    (REPO / 'docs').glob('*.md'), (REPO / 'projects').glob('*/README.md')) for p in pages)
+    (REPO / 'docs').rglob('*.md'), (REPO / 'projects').glob('*/README.md')) for p in pages)
 MARKER = re.compile(r'^<!--\s*snippet:\s*(?P<spec>.*?)\s*-->$')
 KINDS = re.compile(r'^(?:config on (?P<config_base>\S+)|config|backbone-args on (?P<args_base>\S+)'
                    r'|python(?: registers (?P<mixer>\w+))?|shell|usage|skip \((?P<reason>.+)\))$')

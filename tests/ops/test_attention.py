@@ -204,8 +204,8 @@ def _row_entropy(q, k, cfg=None):
 
 
 def _formula_entropy(q, k, kernel):
-    """The same row from tests/reference/formulas.py's features (docs/method.md): weight j is
-    phi(q).phi(k_j) / (sum_i phi(q).phi(k_i) + N eps)."""
+    """The same row from tests/reference/formulas.py's features (docs/user_guides/method.md):
+    weight j is phi(q).phi(k_j) / (sum_i phi(q).phi(k_i) + N eps)."""
     scores = (formulas.nala_key_features(k, kernel) @
               formulas.nala_query_features(q, kernel).transpose(-1, -2)).flatten()
     row = scores / (scores.sum() + scores.numel() * 1e-6)

@@ -1,7 +1,7 @@
 """The attention formulas written out in plain torch, one token at a time where that reads
 clearer, for checking the package against. Imports nothing from ``nala_mm`` (a test greps it).
 
-Written from the method (docs/method.md), not from the package:
+Written from the method (docs/user_guides/method.md), not from the package:
 
 * NaLa query: rho = ||q||, u = q / rho, p = lam (tau + tanh rho) (a fixed p without norm
   awareness); magnitude |u|^p. A zero query has zero features.

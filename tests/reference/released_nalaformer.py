@@ -213,7 +213,8 @@ class ReleasedNaLaFormer(nn.Module):
         return self
 
 
-# The authors' variants (spec §2, docs/method.md's table, both transcribed from the released
+# The authors' variants (spec §2, docs/user_guides/method.md's table, both transcribed from the
+# released
 # code): per-stage embed dims, depths and heads, one MLP ratio, per-stage LayerScale init, and
 # the stochastic-depth rate of ImageNet training.
 VARIANTS = {

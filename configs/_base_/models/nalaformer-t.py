@@ -9,7 +9,7 @@ nalaformer_t = dict(
     # The released hybrid: NaLa in stages 1-2, softmax attention in 3-4. The authors' ImageNet
     # weights were trained with the ReLU-split kernel (the released code's hard limit of the
     # cosine inhibit), so fine-tuning from them runs that kernel; the 'nala' shorthand is the
-    # paper's cosine inhibit, for training from scratch or ablations (docs/method.md, "Paper vs
-    # released code").
+    # paper's cosine inhibit, for training from scratch or ablations (docs/user_guides/method.md,
+    # "Paper vs released code").
     mixers=(dict(type='NormAwareLinearAttention', kernel='relu'),) * 2 + ('softmax',) * 2,
     out_indices=(0, 1, 2, 3))

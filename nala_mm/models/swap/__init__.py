@@ -1,5 +1,5 @@
 """NaLa inside mmseg's and mmdet's own backbones, a token mixer per stage (per layer in a ViT)
-from a config, their stock weights carried over (docs/swap.md).
+from a config, their stock weights carried over (docs/user_guides/swap.md).
 
 One file per family of stock backbones; importing it registers its backbones:
 

@@ -7,7 +7,7 @@
   (:mod:`.spatial_reduction`) on mmdet's PVTv2, with mmdet's ``pvt_convert`` (mmseg configs reach
   it as ``mmdet.NaLaPyramidVisionTransformerV2``);
 * ``NaLaVisionTransformer``: mmseg's class of :mod:`.vit` itself, ViTDet's backbone
-  (docs/vitdet.md).
+  (docs/user_guides/vitdet.md).
 """
 from mmdet.models.backbones import PyramidVisionTransformerV2
 from mmdet.models.backbones import SwinTransformer as MMDetSwinTransformer

@@ -3,7 +3,8 @@
 ``mode='reference'`` is the formula in plain ops (:mod:`.naive`); ``'fast'`` is two custom ops
 split at the state, with hand-written backward ops (:mod:`.custom_ops`, kernels in
 :mod:`.chunked`). Feature maps are small named objects (:mod:`.feature_maps`), NaLa's settings a
-frozen config (:mod:`.config`), positions a 2D RoPE (:mod:`.rope`). The method: docs/method.md.
+frozen config (:mod:`.config`), positions a 2D RoPE (:mod:`.rope`). The method:
+docs/user_guides/method.md.
 """
 from .config import NaLaConfig
 from .custom_ops import kernelized_readout, kernelized_state

@@ -1,5 +1,5 @@
-"""NaLa's hyper-parameters and the feature maps they define (docs/method.md, "Query norm x
-direction", "Cubed keys", "Cosine inhibit").
+"""NaLa's hyper-parameters and the feature maps they define (docs/user_guides/method.md, "Query
+norm x direction", "Cubed keys", "Cosine inhibit").
 
 NaLa is kernelised attention (:mod:`.naive`) with two maps: the query direction raised to
 ``p = lam (tau + tanh ||q||)`` and the cubed key, both made non-negative by the kernel's sign

@@ -15,8 +15,8 @@ numbers, not Python objects: a map travels as its registered name and its number
 subclass of :class:`FeatureMap` registers itself on definition, so a user's map needs no call; a
 map whose constructor takes arguments returns them from :meth:`FeatureMap.numbers`.
 
-NaLa's maps (docs/method.md, "Query norm x direction", "Cubed keys", "Cosine inhibit") are
-composed of a magnitude (the query direction raised to a norm-dependent
+NaLa's maps (docs/user_guides/method.md, "Query norm x direction", "Cubed keys", "Cosine inhibit")
+are composed of a magnitude (the query direction raised to a norm-dependent
 power, or the cubed key) and a *sign split* that makes the feature non-negative: the released
 ReLU split, the paper's cosine inhibit, or the positive part alone (an ablation that discards
 signed interactions). Only the sign splits branch on the kernel; everything else is shared.
@@ -56,8 +56,8 @@ def _through_normalisation(d_direction: Tensor, direction: Tensor, norm: Tensor,
 
 # ------------------------------------------------------------------------------- sign splits
 class SignSplit:
-    """Non-negative magnitude ``m`` and signed source ``x`` -> the feature (docs/method.md,
-    "Cosine inhibit")."""
+    """Non-negative magnitude ``m`` and signed source ``x`` -> the feature
+    (docs/user_guides/method.md, "Cosine inhibit")."""
     name = ''
     expansion = 2
     uses_direction = False  # whether it reads the unit direction of x besides its sign

@@ -2,7 +2,7 @@
 
 Per head, with feature maps ``F_q = phi_q(q)``, ``F_k = phi_k(k)`` (``(N, e*d)``, see
 :mod:`.feature_maps`), rotated features ``G = rope(F)`` and the key mean ``kbar = mean_j F_k``
-(docs/method.md, "Normaliser and state"):
+(docs/user_guides/method.md, "Normaliser and state"):
 
     z = 1 / (F_q kbar^T + eps),   S = G_k^T v / N,   o = (G_q S) z
 

@@ -1,4 +1,4 @@
-"""2D rotary position embedding on per-head features (docs/method.md, "2D RoPE").
+"""2D rotary position embedding on per-head features (docs/user_guides/method.md, "2D RoPE").
 
 A head of width ``d`` holds ``d/2`` channel pairs ``(2i, 2i+1)``: the first ``d/4`` pairs rotate
 by ``row * f_i``, the last ``d/4`` by ``col * f_i``. The released model's frequencies are

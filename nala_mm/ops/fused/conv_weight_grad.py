@@ -3,7 +3,7 @@
 oneDNN (PyTorch's CPU convolutions) computes the forward and the input gradient of the block's
 convolutions quickly in ``channels_last`` memory, but two weight gradients slowly (its generic
 ``backward_weights`` kernel, visible with ``ONEDNN_VERBOSE=1``). This module takes other routes
-for those two (timings: ``benchmarks/speed/conv_weight_grad.py``, docs/speed.md):
+for those two (timings: ``benchmarks/speed/conv_weight_grad.py``, docs/reports/speed.md):
 
 * dense convs (the 3x3/s2 downsamples): the weight gradient is computed on channels-first
   copies of the input and the output gradient;

@@ -1,7 +1,8 @@
 # The long-range exemplar task (projects/longrange/README.md) for a plain ViT: mmseg's stock
 # VisionTransformer, patch 8 (a 16 x 16 grid at 128 x 128), with the class token, decoded by
 # the task's 1x1-convolution head from its last layer, whose tokens are 8 px apart. The softmax
-# teacher of the linearize study (benchmarks/studies/linearize.py, docs/linearize.md); the same
+# teacher of the linearize study (benchmarks/studies/linearize.py, docs/user_guides/linearize.md);
+# the same
 # model with NaLa swapped in is ade20k_longrange_vit_nala.py. One layer: its attention is the only
 # path from the exemplar to an object, since the patch embedding, the head and the upsampling of
 # the logits reach less far than the 36 px between them.
