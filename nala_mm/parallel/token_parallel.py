@@ -8,7 +8,7 @@ of the split through the shard this wrapper activates for the duration of a call
 (:mod:`nala_mm.ops.token_shard`), and run their single-process path otherwise.
 """
 import math
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
@@ -144,8 +144,7 @@ class TokenParallel(nn.Module):
         """In train mode, one seed for the call on every rank: DropPath draws one keep mask per
         sample, and the ranks holding the sample's rows must draw it alike."""
         if not self.module.training:
-            with nullcontext():
-                yield
+            yield
             return
         group = world_of(self.process_group)
         seed = torch.randint(2 ** 62, (1,), device=device)
