@@ -85,14 +85,15 @@ def one_process_case(name: str, shape, path) -> None:
 def compare_with_one_process(rank: int, world: int, name: str, path: str) -> dict:
     """One case on this rank: the errors of the gathered outputs, the summed gradients and the
     running statistics against the one-process run's, whether the ranks' statistics agree, and
-    the errors of the inference that follows (eval mode, no gradients)."""
+    the errors of the inference that follows (eval mode, no gradients, given only this rank's
+    rows)."""
     case = torch.load(path)
     model, strides = _build(name)
     model.load_state_dict(case['state'])
     model.train()
     tp = TokenParallel(model)
     x = case['x']
-    start, _ = tp.stripes(x.shape[2]).bounds[rank]
+    start = tp.stripes(x.shape[2]).bounds[rank][0]
     outs = list(tp(x))
     # this rank's rows' share of the one-process loss
     sum((o * w[:, :, start // s:start // s + o.shape[2]]).sum()
@@ -113,8 +114,10 @@ def compare_with_one_process(rank: int, world: int, name: str, path: str) -> dic
         everyone = [torch.empty_like(own) for _ in range(world)]
         dist.all_gather(everyone, own)
         agree.append(all(torch.equal(e, own) for e in everyone))
-    with torch.no_grad():
-        inferred = tp.gather(list(tp.eval()(x)))
+    start, stop = tp.stripes(x.shape[2]).bounds[rank]
+    with torch.no_grad():  # from this rank's rows alone
+        inferred = tp.gather(list(tp.eval()(x[:, :, start:stop], stripe=True,
+                                            image_rows=x.shape[2])))
     return dict(
         inferred=[rel_err(g, e) for g, e in zip(inferred, case['inferred'])],
         rows=[o.shape[2] for o in outs],
