@@ -191,3 +191,26 @@ def vitdet_tiny_data(root) -> str:
             "dict(type='LoadImageFromFile'), "
             "dict(type='LoadAnnotations', with_bbox=True, with_mask=True), "
             "dict(type='Resize', scale=side, keep_ratio=False), dict(type='PackDetInputs')])))\n")
+
+
+def _rank_main(rank: int, target, world_size: int, store_path: str, args: tuple) -> None:
+    import datetime
+
+    import torch.distributed as dist
+    torch.set_num_threads(1)  # the ranks share the machine's cores
+    # a collective that one rank never reaches fails within the timeout instead of hanging
+    dist.init_process_group('gloo', store=dist.FileStore(store_path, world_size), rank=rank,
+                            world_size=world_size, timeout=datetime.timedelta(seconds=120))
+    try:
+        target(rank, world_size, *args)
+    finally:
+        dist.destroy_process_group()
+
+
+def run_ranks(target, world_size: int, tmp_path, *args) -> None:
+    """``target(rank, world_size, *args)`` in ``world_size`` fresh processes joined in one gloo
+    group (a file store under ``tmp_path``); an exception in any rank fails the caller with
+    that rank's traceback. ``target`` must be importable (a test module's function)."""
+    import torch.multiprocessing as mp
+    store = Path(tmp_path) / 'gloo_store'
+    mp.spawn(_rank_main, args=(target, world_size, str(store), args), nprocs=world_size)

@@ -1,8 +1,21 @@
 """Convolutions of the NaLaFormer block, on channels-last tokens."""
+from typing import Sequence, Tuple
+
 import torch
 from torch import Tensor, nn
 
 from ..ops import conv2d, resolve_mode
+from ..ops.token_shard import active_shard
+
+
+def with_row_halo(x: Tensor, padding: Sequence[int]) -> Tuple[Tensor, Tuple[int, int]]:
+    """A conv's input and padding, with the neighbouring ranks' rows in place of the row
+    padding while an image's rows are split across ranks (:mod:`nala_mm.parallel`): the conv
+    then computes this stripe's rows of the whole image's output. Unchanged otherwise."""
+    shard = active_shard()
+    if shard is None or not padding[0]:
+        return x, tuple(padding)
+    return shard.halo(x, padding[0]), (0, padding[1])
 
 
 def conv_tokens(conv: nn.Module, tokens: Tensor) -> Tensor:
@@ -22,7 +35,8 @@ class TokenConv2d(nn.Conv2d):
         self.mode = mode
 
     def forward(self, x: Tensor) -> Tensor:
-        return conv2d(x, self.weight, self.bias, self.stride, self.padding, self.groups,
+        x, padding = with_row_halo(x, self.padding)
+        return conv2d(x, self.weight, self.bias, self.stride, padding, self.groups,
                       mode=self.mode)
 
 
@@ -48,5 +62,6 @@ class ResidualDepthwiseConv(nn.Conv2d):
         return self.weight + self.identity
 
     def forward(self, x: Tensor) -> Tensor:
-        return conv2d(x, self.kernel(), self.bias, self.stride, self.padding, self.groups,
+        x, padding = with_row_halo(x, self.padding)
+        return conv2d(x, self.kernel(), self.bias, self.stride, padding, self.groups,
                       mode=self.mode)

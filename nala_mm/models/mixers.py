@@ -22,6 +22,7 @@ from mmengine.model import BaseModule
 from torch import Tensor, nn
 
 from ..ops import (
+    GlobalKeys,
     NaLaConfig,
     Rope,
     apply_rope,
@@ -33,6 +34,7 @@ from ..ops import (
     rope_phasor,
     rope_table_for,
 )
+from ..ops.token_shard import active_shard
 from ..registry import register_model
 from .depthwise import TokenConv2d, conv_tokens
 
@@ -129,6 +131,12 @@ class GatedAttention(BaseModule):
         return None
 
     # ------------------------------------------------------------------ shared wrapper
+    def _mix(self, q: Tensor, k: Tensor, v: Tensor, rope: Rope, grid: Tuple[int, int],
+             num_prefix: int) -> Tensor:
+        """:meth:`mix` in the forward, which knows the grid: a mixer that can attend over an
+        image whose rows are split across ranks (:mod:`nala_mm.parallel`) uses it."""
+        return self.mix(q, k, v, rope)
+
     def _tokens(self, x: Tensor, hw_shape: Optional[Sequence[int]],
                 num_prefix: int) -> Tuple[Tensor, Tuple[int, int]]:
         return token_sequence(x, self.embed_dims, hw_shape, num_prefix)
@@ -153,8 +161,12 @@ class GatedAttention(BaseModule):
         # layer's peak training memory drops by that concatenation).
         q, k, v_tokens, gate = (F.linear(tokens, weight, bias) for weight, bias in
                                 zip(self.qkvg.weight.chunk(4), self.qkvg.bias.chunk(4)))
+        # a stripe of an image split across ranks rotates by its global rows
+        shard = active_shard()
+        first_row = 0 if shard is None else shard.grid_rows(self)[0]
         rope = None if not self.use_rope else rope_table_for(
-            *grid, self.head_dims, self.rope_base, tokens.device, self.mode, num_prefix)
+            *grid, self.head_dims, self.rope_base, tokens.device, self.mode, num_prefix,
+            first_row)
         return self._heads(q), self._heads(k), self._heads(v_tokens), v_tokens, gate, rope
 
     def forward(self, x: Tensor, hw_shape: Optional[Sequence[int]] = None,
@@ -172,9 +184,9 @@ class GatedAttention(BaseModule):
         if self.mix_in_float32:
             # k^3 and the per-token power overflow fp16/bf16: float32 even under autocast
             with torch.autocast(device_type=x.device.type, enabled=False):
-                mixed = self.mix(q.float(), k.float(), v.float(), rope)
+                mixed = self._mix(q.float(), k.float(), v.float(), rope, grid, num_prefix)
         else:
-            mixed = self.mix(q, k, v, rope)
+            mixed = self._mix(q, k, v, rope, grid, num_prefix)
         # a view when the mixer wrote its output token-major (the fast kernelised op does)
         mixed = rearrange(mixed, 'b n l d -> b l (n d)').to(gate.dtype)
         # reassigned rather than named, so that each intermediate is freed as soon as it is used
@@ -203,6 +215,17 @@ class KernelizedMixer(GatedAttention):
     def mix(self, q, k, v, rope):
         return kernelized_attention(q, k, v, self.query_map, self.key_map, self.eps, rope,
                                     self.mode)
+
+    def _mix(self, q, k, v, rope, grid, num_prefix):
+        shard = active_shard()
+        if shard is None:
+            return self.mix(q, k, v, rope)
+        # every rank's grid rows and the prefix tokens (counted by one rank) are the keys
+        keys = GlobalKeys(total=num_prefix + shard.grid_rows(self)[1] * grid[1],
+                          skip=0 if shard.holds_prefix_keys else num_prefix,
+                          reduce_sum=shard.reduce_sum)
+        return kernelized_attention(q, k, v, self.query_map, self.key_map, self.eps, rope,
+                                    self.mode, global_keys=keys)
 
     def attention_weights(self, q, k, rope, rows=None):
         queries = q if rows is None else q[..., rows, :]

@@ -18,8 +18,9 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.instancenorm import _InstanceNorm
 
 from ..ops import gelu_conv, resolve_mode
+from ..ops.token_shard import recompute_in_same_shard
 from ..registry import register_model
-from .depthwise import ResidualDepthwiseConv, TokenConv2d, conv_tokens
+from .depthwise import ResidualDepthwiseConv, TokenConv2d, conv_tokens, with_row_halo
 from .mixer_specs import DEFAULT_HYBRID, MixerEntry, build_mixer, resolve_mixers
 from .pretrained import load_pretrained
 
@@ -124,8 +125,9 @@ class ConvFFN(nn.Module):
     def forward(self, tokens: Tensor) -> Tensor:
         hidden = to_map(self.fc1(tokens))
         if torch.is_grad_enabled() or resolve_mode(self.mode) == 'reference':
-            hidden = gelu_conv(hidden, self.dwconv.kernel(), self.dwconv.bias,
-                               self.dwconv.padding, self.dwconv.groups, mode=self.mode)
+            hidden, padding = with_row_halo(hidden, self.dwconv.padding)
+            hidden = gelu_conv(hidden, self.dwconv.kernel(), self.dwconv.bias, padding,
+                               self.dwconv.groups, mode=self.mode)
         else:
             hidden = self.dwconv(torch.ops.aten.gelu_(hidden))
         return self.fc2(hidden.permute(0, 2, 3, 1))
@@ -173,7 +175,10 @@ class NaLaBlock(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         if self.with_cp and x.requires_grad:
-            return cp.checkpoint(self._forward, x, use_reentrant=False)
+            # the recomputation runs in the backward: it re-enters a token-parallel call's
+            # shard (no-op outside one)
+            return cp.checkpoint(self._forward, x, use_reentrant=False,
+                                 context_fn=recompute_in_same_shard)
         return self._forward(x)
 
 

@@ -29,6 +29,7 @@ import torch
 from mmseg.models.backbones import VisionTransformer
 from torch import Tensor, nn
 
+from ...ops.token_shard import active_shard
 from ...registry import register_model
 from ..mixer_specs import MixerEntry, build_mixer
 from .base import SwappedAttention, SwappedAttentionMixin
@@ -101,6 +102,24 @@ class ViTLayers(SwappedAttentionMixin):
         does (mmseg's ``VisionTransformer.train`` returns ``None``)."""
         super().train(mode)
         return self
+
+    def _pos_embeding(self, patched_img: Tensor, hw_shape: Sequence[int],
+                      pos_embed: Tensor) -> Tensor:
+        """As the parent, except on a stripe of an image split across ranks
+        (:mod:`nala_mm.parallel`): the table is resized to the whole image's grid and this
+        stripe's rows taken (the parent would resize it to the stripe)."""
+        shard = active_shard()
+        if shard is None:
+            return super()._pos_embeding(patched_img, hw_shape, pos_embed)
+        first, rows = shard.grid_rows(self.patch_embed)
+        height, width = hw_shape
+        pos_h, pos_w = (side // self.patch_size for side in self.img_size)
+        if (rows, width) != (pos_h, pos_w):
+            pos_embed = self.resize_pos_embed(pos_embed, (rows, width), (pos_h, pos_w),
+                                              self.interpolate_mode)
+        grid = pos_embed[:, 1:].unflatten(1, (rows, width))[:, first:first + height]
+        pos_embed = torch.cat([pos_embed[:, :1], grid.flatten(1, 2)], dim=1)
+        return self.drop_after_pos(patched_img + pos_embed)
 
     def before_blocks(self, inputs: Tensor) -> None:
         """The patch grid of ``inputs`` for layers called on their own (patch_embed's hook)."""

@@ -13,6 +13,7 @@ from .dispatch import (
                        nala_attention,
 )
 from .feature_maps import FeatureMap, build_plain_feature_map
+from .global_keys import GlobalKeys
 from .naive import kernelized_attention_weights
 from .rope import (
                        Rope,
@@ -26,7 +27,7 @@ from .rope import (
 )
 
 __all__ = [
-    'FeatureMap', 'NaLaConfig', 'Rope', 'apply_rope', 'apply_rope_reference',
+    'FeatureMap', 'GlobalKeys', 'NaLaConfig', 'Rope', 'apply_rope', 'apply_rope_reference',
     'build_plain_feature_map', 'kernelized_attention', 'kernelized_attention_weights',
     'kernelized_readout', 'kernelized_state', 'nala_attention', 'rope_angle_buffer',
     'rope_frequencies', 'rope_phasor', 'rope_table', 'rope_table_for',

@@ -30,6 +30,7 @@ from .chunked import (
     token_major,
 )
 from .feature_maps import FeatureMap, feature_map_from_spec, feature_map_spec
+from .global_keys import GlobalKeys
 from .rope import Rope
 
 # the ops' names, as traced graphs (and the FLOP counter's handles) know them
@@ -146,14 +147,24 @@ kernelized_readout.register_autograd(_readout_grad, setup_context=_readout_setup
 # ------------------------------------------------------------------------------ the fast mode
 def kernelized_attention_chunked(q: Tensor, k: Tensor, v: Tensor, query_map: FeatureMap,
                                  key_map: FeatureMap, eps: float = 1e-6, rope: Rope = None,
-                                 chunk: int = DEFAULT_CHUNK) -> Tensor:
+                                 chunk: int = DEFAULT_CHUNK,
+                                 global_keys: Optional[GlobalKeys] = None) -> Tensor:
     """As :func:`.naive.kernelized_attention_naive`, through the two custom ops; ``chunk``
-    bounds the tokens processed at once (memory of the temporaries), not the result."""
+    bounds the tokens processed at once (memory of the temporaries), not the result.
+    ``global_keys``: the tokens are this rank's part of a larger set (:mod:`.global_keys`)."""
     if chunk < 1:
         raise ValueError(f'chunk must be >= 1 token, got chunk={chunk}')
+    query_rope = rope
+    if global_keys is not None:
+        k, v, rope = global_keys.own_keys(k, v, rope)
     cos, sin = (None, None) if rope is None else rope
     state, key_sum = kernelized_state(k, v, cos, sin, *feature_map_spec(key_map), chunk)
-    n_tokens = k.shape[-2]
-    out, _ = kernelized_readout(q, state / n_tokens, key_sum / n_tokens, cos, sin,
-                                *feature_map_spec(query_map), eps, chunk)
+    if global_keys is None:
+        n_tokens = k.shape[-2]
+        state, key_mean = state / n_tokens, key_sum / n_tokens
+    else:
+        state, key_mean = global_keys.means(state, key_sum)
+    cos, sin = (None, None) if query_rope is None else query_rope
+    out, _ = kernelized_readout(q, state, key_mean, cos, sin, *feature_map_spec(query_map), eps,
+                                chunk)
     return out

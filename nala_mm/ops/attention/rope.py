@@ -38,9 +38,11 @@ def rope_angle_buffer(head_dim: int, base: float = 10000.0) -> Tensor:
     return rope_frequencies(head_dim, base).repeat_interleave(2)
 
 
-def rope_angles(height: int, width: int, frequencies: Tensor) -> Tensor:
-    """Rotation angle of every (token, pair): ``(H*W, d/2)`` in row-major token order."""
-    rows = torch.arange(height, dtype=torch.float32, device=frequencies.device)
+def rope_angles(height: int, width: int, frequencies: Tensor, first_row: int = 0) -> Tensor:
+    """Rotation angle of every (token, pair): ``(H*W, d/2)`` in row-major token order; the rows
+    are ``first_row .. first_row + H - 1`` (a stripe of a taller grid, token parallelism)."""
+    rows = torch.arange(first_row, first_row + height, dtype=torch.float32,
+                        device=frequencies.device)
     cols = torch.arange(width, dtype=torch.float32, device=frequencies.device)
     row_angles = torch.outer(rows, frequencies)  # (H, d/4)
     col_angles = torch.outer(cols, frequencies)  # (W, d/4)
@@ -52,9 +54,9 @@ def rope_angles(height: int, width: int, frequencies: Tensor) -> Tensor:
 
 
 def rope_table(height: int, width: int, head_dim: int, base: float = 10000.0,
-               device=None) -> Tuple[Tensor, Tensor]:
+               device=None, first_row: int = 0) -> Tuple[Tensor, Tensor]:
     """``(cos, sin)`` tables, each ``(H*W, d/2)``, float32."""
-    angles = rope_angles(height, width, rope_frequencies(head_dim, base).to(device))
+    angles = rope_angles(height, width, rope_frequencies(head_dim, base).to(device), first_row)
     return angles.cos(), angles.sin()
 
 
@@ -69,19 +71,22 @@ def _with_prefix(table: Tuple[Tensor, Tensor], prefix: int) -> Tuple[Tensor, Ten
 
 @lru_cache(maxsize=32)
 def _cached_rope_table(height: int, width: int, head_dim: int, base: float,
-                       device: torch.device, prefix: int) -> Tuple[Tensor, Tensor]:
-    return _with_prefix(rope_table(height, width, head_dim, base, device=device), prefix)
+                       device: torch.device, prefix: int,
+                       first_row: int) -> Tuple[Tensor, Tensor]:
+    return _with_prefix(rope_table(height, width, head_dim, base, device, first_row), prefix)
 
 
 def rope_table_for(height: int, width: int, head_dim: int, base: float, device: torch.device,
-                   mode: str = 'fast', prefix: int = 0) -> Tuple[Tensor, Tensor]:
+                   mode: str = 'fast', prefix: int = 0,
+                   first_row: int = 0) -> Tuple[Tensor, Tensor]:
     """:func:`rope_table` of one feature-map size, after ``prefix`` identity rows for tokens
     without a grid position (a ViT's class token). The fast mode caches it by size, the
     reference mode (and exporting, whose sizes are symbolic and cannot key a cache) builds it in
-    the graph so that an exported model accepts any input size."""
+    the graph so that an exported model accepts any input size. ``first_row``: the grid is
+    a stripe of a taller one, starting at that row (token parallelism)."""
     if resolve_mode(mode) == 'reference':
-        return _with_prefix(rope_table(height, width, head_dim, base, device=device), prefix)
-    return _cached_rope_table(height, width, head_dim, base, device, prefix)
+        return _with_prefix(rope_table(height, width, head_dim, base, device, first_row), prefix)
+    return _cached_rope_table(height, width, head_dim, base, device, prefix, first_row)
 
 
 def apply_rope_reference(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
