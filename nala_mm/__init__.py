@@ -8,7 +8,8 @@ ViTDet's ``SimpleFPN`` in mmdet's (without it, nothing of mmdet is imported); wh
 is installed, also the classification tail and its checkpoint hook in mmpretrain's
 (:mod:`nala_mm.models.classifier`). It changes nothing else. The host changes the project's
 tools rely on (checkpoints under weights-only loading, atomic writes, CPU ``torchrun``, data
-checks) are opt-in: ``imports=['nala_mm', 'nala_mm.compat']`` (see :mod:`nala_mm.compat`).
+checks) are opt-in: the tools install them, a config names ``'nala_mm.compat.enable'`` too
+(see :mod:`nala_mm.compat`).
 """
 import importlib.util
 

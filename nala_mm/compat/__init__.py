@@ -1,79 +1,94 @@
-"""Opt-in changes to mmengine, mmseg, mmdet and torch that the project's tools and configs use.
+"""Opt-in changes to mmengine and torch, and what the project's tools do instead of changing the
+hosts.
 
-``import nala_mm`` registers the project's modules and changes nothing else. Importing this module
-(``custom_imports=dict(imports=['nala_mm', 'nala_mm.compat'])`` in a config: a config can only
-import) or calling :func:`install` (idempotent, for code) makes the following changes:
+``import nala_mm`` registers the project's modules and changes nothing else, and neither does
+``import nala_mm.compat``. The project's tools call :func:`install` (idempotent); a config opts
+in with ``custom_imports=dict(imports=['nala_mm', 'nala_mm.compat.enable'])`` (a config can only
+import: :mod:`nala_mm.compat.enable` installs on import); code that needs the changes for a while
+uses ``with installed():``, which undoes each change on exit (the tests do).
 
-========================================  ==================================================
-what changes                              why
-========================================  ==================================================
-torch's weights-only allow-list gains     Runner checkpoints load under torch's default
-mmengine's ``HistoryBuffer`` and numpy's  weights-only unpickling: mmengine 0.10.7 calls
-array/scalar/dtype reconstructors         ``torch.load`` without ``weights_only`` (the message
-                                          hub's buffers and logged numpy values are the only
-                                          non-tensor types a Runner checkpoint holds)
-and ``argparse.Namespace``                the authors' DeiT-style training files hold their
-                                          command line as a Namespace (``'args'``), beside the
-                                          weights: a plain attribute holder, no code to run
-``HistoryBuffer.__getstate__`` /          a buffer pickles only its data; by default it drags
-``__setstate__``                          in functions through ``builtins.getattr``, which must
-                                          never be allow-listed
-mmengine's local checkpoint loader        weights-only ``torch.load`` whose errors name the file
-(``CheckpointLoader`` scheme ``''``)      and the refused object (the one registration with
-                                          ``force=True`` in the package: it replaces a scheme)
-``mmengine.fileio.LocalBackend.put``      atomic writes (temporary file, fsync, rename): a kill
-                                          while saving never leaves a truncated checkpoint
-``mmengine.dist.utils._init_dist_pytorch``  ``torchrun`` on CPU (gloo): it skips
-                                          ``torch.cuda.set_device`` without CUDA
-``load_data_list`` of mmseg's             a missing folder or a malformed COCO file is named
-``BaseSegDataset`` and mmdet's            with what is expected; valid data takes the
-``CocoDataset``                           original path unchanged
-``OptimWrapper.update_params`` runs       mmengine's ``compile=True`` compiles the whole
-outside ``torch.compile`` graphs          ``train_step``; traced, the optimizer step fails on
-                                          mmengine's param groups and would recompile at every
-                                          learning-rate change (:mod:`nala_mm.compile`)
-========================================  ==================================================
+:func:`install` makes three changes, one module each (the module's docstring says why and which
+upstream versions need it):
 
-Checkpoints saved by a run without these changes hold ``HistoryBuffer``'s default pickle and may
-be refused under weights-only loading: load such a file once with weights-only loading turned off
-(only if you trust it) and re-save it from a run with this module installed.
+==========================================  ===================================================
+what changes                                module
+==========================================  ===================================================
+``HistoryBuffer`` pickles its data only     :mod:`~nala_mm.compat.history_buffer`
+(a ``copyreg`` reducer; the class is        (Runner checkpoints under weights-only loading,
+untouched)                                  mmengine 0.10.7, torch >= 2.6)
+torch's weights-only allow-list gains the   :mod:`~nala_mm.compat.safe_globals`
+buffer's rebuild function, numpy's          (mmengine 0.10.7 calls ``torch.load`` without
+array/scalar/dtype reconstructors and       ``weights_only``: torch >= 2.6 loads weights-only)
+``argparse.Namespace``
+mmengine's file backends gain               :mod:`~nala_mm.compat.atomic_checkpoints`
+``nala_atomic_local`` (a new name; ``local`` (no mmengine version writes atomically)
+is mmengine's and stays as it is)
+==========================================  ===================================================
+
+Plain checkpoint paths keep mmengine's loader (scheme ``''``): it loads weights-only on torch
+>= 2.6, and the allow-list above is all a Runner checkpoint needs. Where the hosts would have to be
+patched, the project's tools act on their own config and runner instead (:func:`build_runner`):
+
+* the checkpoint hook writes through ``nala_atomic_local``
+  (:func:`~nala_mm.compat.atomic_checkpoints.select_atomic_checkpoints`);
+* the data the run reads is checked before the Runner is built, and a COCO file mmdet failed on
+  is named with what is wrong (:mod:`nala_mm.datasets.checks`);
+* under ``torchrun`` without CUDA the tools start the gloo process group, which the Runner then
+  uses (:mod:`~nala_mm.compat.cpu_torchrun`);
+* ``tools/train.py --compile`` runs the optimizer update of the run's wrapper eager
+  (:mod:`~nala_mm.compat.eager_updates`).
+
+Checkpoints saved by a run without these changes hold ``HistoryBuffer``'s default pickle and are
+refused under weights-only loading: load such a file once with weights-only loading turned off
+(only if you trust it) and re-save it from a run with :func:`install` in effect.
 """
-import argparse
+import contextlib
+from typing import Callable, Iterator, List, Sequence
 
-import torch
-from mmengine.dist import utils as dist_utils
-from mmengine.fileio.backends import LocalBackend
-from mmengine.logging.history_buffer import HistoryBuffer
-from mmengine.runner.checkpoint import CheckpointLoader
+from mmengine.config import Config
+from mmengine.registry import RUNNERS
+from mmengine.runner import Runner
 
-from .checkpoint_safety import (
-    atomic_put,
-    history_getstate,
-    history_setstate,
-    load_from_local,
-    numpy_safe_globals,
-)
-from .compile import eager_optimizer_updates
-from .datasets.checks import install_dataset_checks
-from .distributed import cpu_aware_pytorch_launcher
+from ..datasets.checks import check_data
+from . import atomic_checkpoints, history_buffer, safe_globals
+from .atomic_checkpoints import select_atomic_checkpoints
+from .cpu_torchrun import init_cpu_process_group
+
+_CHANGES = (history_buffer, safe_globals, atomic_checkpoints)
+# the undo functions of the process-wide install(); empty while it has not run
+_installed: List[Callable[[], None]] = []
+
+
+def _apply() -> List[Callable[[], None]]:
+    return [change.apply() for change in _CHANGES]
 
 
 def install() -> None:
-    """Make every change listed in the module docstring; a second call changes nothing."""
-    HistoryBuffer.__getstate__ = history_getstate
-    HistoryBuffer.__setstate__ = history_setstate
-    safe = torch.serialization.get_safe_globals()
-    missing = [g for g in (HistoryBuffer, argparse.Namespace, *numpy_safe_globals())
-               if g not in safe]
-    if missing:  # torch keeps them in a set: even an empty addition may reorder its listing
-        torch.serialization.add_safe_globals(missing)
-    if CheckpointLoader._schemes.get('') is not load_from_local:
-        CheckpointLoader.register_scheme(prefixes='', loader=load_from_local, force=True)
-    LocalBackend.put = atomic_put
-    if not getattr(dist_utils._init_dist_pytorch, 'nala_cpu_aware', False):
-        dist_utils._init_dist_pytorch = cpu_aware_pytorch_launcher(dist_utils._init_dist_pytorch)
-    install_dataset_checks()
-    eager_optimizer_updates()
+    """Make every change of the module docstring for the rest of the process; a second call
+    changes nothing."""
+    if not _installed:
+        _installed.extend(_apply())
 
 
-install()
+@contextlib.contextmanager
+def installed() -> Iterator[None]:
+    """The changes of :func:`install` inside the block, each undone on exit (unless
+    :func:`install` made them for the process, which stays so)."""
+    if _installed:
+        yield
+        return
+    undo = _apply()
+    try:
+        yield
+    finally:
+        for change in reversed(undo):
+            change()
+
+
+def build_runner(cfg: Config, loaders: Sequence[str]) -> Runner:
+    """The tools' Runner: ``cfg``'s ``loaders`` (e.g. ``'train_dataloader'``) checked, its
+    checkpoints written atomically, the CPU process group started under ``torchrun``."""
+    check_data(cfg, loaders)
+    select_atomic_checkpoints(cfg)
+    init_cpu_process_group(cfg)
+    return Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)

@@ -1,47 +1,21 @@
-"""Runner checkpoints under torch's weights-only unpickling (the default since torch 2.6).
+"""torch's weights-only allow-list gains exactly the non-tensor types a Runner checkpoint holds.
 
-mmengine 0.10.7 calls ``torch.load`` without ``weights_only``, so on torch >= 2.6 resuming from a
-Runner checkpoint fails on the few non-tensor types the Runner saves. Instead of switching
-weights-only loading off, :mod:`nala_mm.compat` installs what this module defines:
-
-* allow-lists exactly those types: mmengine's ``HistoryBuffer`` (in the message hub) and the
-  numpy array/scalar/dtype reconstructors its logged values use;
-* makes ``HistoryBuffer`` pickle only its data: by default it drags in its statistics-method
-  table, which pickles functions through ``builtins.getattr``; allow-listing ``getattr`` would
-  reopen arbitrary code execution, so that table is simply not saved (it is class-level anyway);
-* routes local checkpoint files through a loader that names the file and says why when a load
-  is refused (foreign pickled object) or impossible (truncated / not a checkpoint);
-* writes local files atomically (temporary file, fsync, rename): a process killed while saving
-  leaves the previous checkpoint intact and never a truncated file under the final name
-  (mmengine writes ``last_checkpoint`` only after the checkpoint itself).
+Why: since torch 2.6 ``torch.load`` unpickles weights-only by default, and mmengine 0.10.7 calls it
+without ``weights_only`` (``CheckpointLoader``'s local loader, used by ``--resume`` and
+``load_from``), so resuming a Runner checkpoint fails on what the Runner saves besides tensors:
+the message hub's buffers (rebuilt by :func:`~nala_mm.compat.history_buffer.rebuild_history_buffer`)
+and the numpy arrays, scalars and dtypes of logged values. Also ``argparse.Namespace``: the
+authors' DeiT-style training files hold their command line as one (``'args'``), a plain attribute
+holder with no code to run. Weights-only loading stays on: a file carrying any other pickled
+object is refused by torch. Needed with mmengine 0.10.7 under torch >= 2.6.
 """
-import os
-import os.path as osp
-import pickle
-import zipfile
-from typing import Any, Dict, List
+import argparse
+from typing import Any, Callable, List
 
 import numpy as np
 import torch
-from mmengine.fileio.backends import LocalBackend
-from mmengine.logging.history_buffer import HistoryBuffer
 
-# The data a HistoryBuffer needs to be rebuilt; everything else is derived or class-level.
-_HISTORY_FIELDS = ('max_length', '_log_history', '_count_history')
-
-
-class CheckpointRefusedError(pickle.UnpicklingError):
-    """A checkpoint holds an object outside the weights-only allow-list."""
-
-
-def history_getstate(self: HistoryBuffer) -> Dict[str, Any]:
-    return {name: getattr(self, name) for name in _HISTORY_FIELDS}
-
-
-def history_setstate(self: HistoryBuffer, state: Dict[str, Any]) -> None:
-    for name in _HISTORY_FIELDS:
-        setattr(self, name, state[name])
-    self._set_default_statistics()
+from .history_buffer import rebuild_history_buffer
 
 
 def numpy_safe_globals() -> List[Any]:
@@ -52,43 +26,24 @@ def numpy_safe_globals() -> List[Any]:
             *(type(np.dtype(t)) for t in dtypes)]
 
 
-def load_from_local(filename: str, map_location=None) -> Any:
-    """Weights-only ``torch.load`` of a local file with errors that name the file."""
-    path = osp.expanduser(filename)
-    if not osp.isfile(path):
-        raise FileNotFoundError(f'checkpoint {filename} does not exist')
-    try:
-        return torch.load(path, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError as err:
-        # torch names a refused type as "GLOBAL module.name" in its message; anything else
-        # from the unpickler means the bytes are not a pickle it understands.
-        detail = next((line.strip() for line in str(err).split('\n')
-                       if 'GLOBAL' in line), None)
-        if detail is None:
-            raise ValueError(f'checkpoint {path} is corrupt or not a PyTorch checkpoint '
-                             f'({str(err).splitlines()[-1] if str(err) else err!r})') from err
-        raise CheckpointRefusedError(
-            f'refusing to load checkpoint {path}: it holds an object outside the weights-only '
-            f'allow-list ({detail}). Loading it could run arbitrary code. If you trust the file, '
-            f'load it yourself with torch.load and weights-only loading turned off, and re-save '
-            f'its tensors.'
-        ) from err
-    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError) as err:
-        raise ValueError(f'checkpoint {path} is truncated or not a PyTorch checkpoint '
-                         f'({type(err).__name__}: {err})') from err
+def safe_globals() -> List[Any]:
+    """What this change allow-lists."""
+    return [rebuild_history_buffer, argparse.Namespace, *numpy_safe_globals()]
 
 
-def atomic_put(self: LocalBackend, obj: bytes, filepath) -> None:
-    """``LocalBackend.put`` that never leaves a partly written file under ``filepath``."""
-    filepath = os.fspath(filepath)
-    os.makedirs(osp.dirname(filepath) or '.', exist_ok=True)
-    partial = f'{filepath}.partial-{os.getpid()}'
-    try:
-        with open(partial, 'wb') as f:
-            f.write(obj)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(partial, filepath)
-    finally:
-        if osp.exists(partial):
-            os.remove(partial)
+def apply() -> Callable[[], None]:
+    """Make the change; returns what undoes it (it removes only what it added)."""
+    present = torch.serialization.get_safe_globals()
+    added = [g for g in safe_globals() if g not in present]
+    if added:  # torch keeps them in a set: even an empty addition may reorder its listing
+        torch.serialization.add_safe_globals(added)
+
+    def undo() -> None:
+        if not added:
+            return
+        # torch has no removal: keep everything else (torch allow-lists types of its own as
+        # its submodules are first imported, meanwhile too)
+        kept = [g for g in torch.serialization.get_safe_globals() if g not in added]
+        torch.serialization.clear_safe_globals()
+        torch.serialization.add_safe_globals(kept)
+    return undo
