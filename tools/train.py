@@ -20,6 +20,7 @@ import argparse
 import os
 
 from mmengine.config import Config, DictAction
+
 from nala_mm import compat
 from nala_mm.amp import enable_amp
 from nala_mm.compat.eager_updates import eager_optimizer_updates

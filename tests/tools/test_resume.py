@@ -25,7 +25,7 @@ pytestmark = pytest.mark.integration
 # Deterministic and exactly logged: window 1 (no smoothing), one data worker (seeded per worker,
 # so the resumed dataloader replay is exact), DropPath on to exercise the RNG-state hook.
 CRASH_EXTRA = """
-custom_imports = dict(imports=['nala_mm', 'nala_mm.compat', 'tests.support.kill_hook'],
+custom_imports = dict(imports=['nala_mm', 'tests.support.kill_hook'],
                       allow_failed_imports=False)
 randomness = dict(seed=0, deterministic=True)
 log_processor = dict(window_size=1)
@@ -84,7 +84,7 @@ def test_sigkill_then_resume_continues_with_identical_losses(tmp_path, small_ade
 # Two ranks with their own seeds (seed + rank); the probes record each rank's next draws and,
 # at the end, checksums of its weights and optimizer state.
 RANK_EXTRA = """
-custom_imports = dict(imports=['nala_mm', 'nala_mm.compat', 'tests.support.rng_probe',
+custom_imports = dict(imports=['nala_mm', 'tests.support.rng_probe',
                                'tests.support.state_probe'], allow_failed_imports=False)
 custom_hooks = [dict(type='RNGStateHook'), dict(type='RNGProbeHook'), dict(type='StateProbeHook')]
 randomness = dict(seed=0, diff_rank_seed=True)
