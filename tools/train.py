@@ -23,7 +23,6 @@ from mmengine.config import Config, DictAction
 
 from nala_mm import compat
 from nala_mm.amp import enable_amp
-from nala_mm.compat.eager_updates import eager_optimizer_updates
 from nala_mm.compile import apply_compile_settings, compile_regions
 from nala_mm.config_loading import enable_auto_scale_lr, load_config
 from nala_mm.datasets.checks import explained_data_errors
@@ -64,7 +63,8 @@ def build_config(args: argparse.Namespace) -> Config:
     if args.amp:
         enable_amp(cfg)
     if args.compile == 'whole':
-        cfg.compile = True
+        cfg.compile = True  # the optimizer update stays eager: nala_mm/compat/eager_updates.py
+        cfg.custom_hooks = [*cfg.get('custom_hooks', []), dict(type='EagerOptimizerUpdatesHook')]
     if args.auto_scale_lr:
         enable_auto_scale_lr(cfg)
     if args.resume == 'auto':
@@ -84,9 +84,7 @@ def main() -> None:
     loaders = ('train_dataloader', 'val_dataloader') if cfg.get('val_cfg') else \
         ('train_dataloader',)
     runner = compat.build_runner(cfg, loaders)
-    if args.compile == 'whole':
-        eager_optimizer_updates(runner)
-    elif args.compile == 'regional':
+    if args.compile == 'regional':
         regions = compile_regions(runner.model)
         runner.logger.info(f'compiled regionally: {regions}')
     with explained_data_errors(cfg, loaders):

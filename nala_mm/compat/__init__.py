@@ -35,7 +35,8 @@ patched, the project's tools act on their own config and runner instead (:func:`
   is named with what is wrong (:mod:`nala_mm.datasets.checks`);
 * under ``torchrun`` without CUDA the tools start the gloo process group, which the Runner then
   uses (:mod:`~nala_mm.compat.cpu_torchrun`);
-* ``tools/train.py --compile`` runs the optimizer update of the run's wrapper eager
+* ``tools/train.py --compile`` runs the optimizer update of the run's wrapper eager, through a
+  hook ``import nala_mm.compat`` registers, ``EagerOptimizerUpdatesHook``
   (:mod:`~nala_mm.compat.eager_updates`).
 
 Checkpoints saved by a run without these changes hold ``HistoryBuffer``'s default pickle and are
@@ -50,7 +51,12 @@ from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
 from ..datasets.checks import check_data
-from . import atomic_checkpoints, history_buffer, safe_globals
+from . import (
+    atomic_checkpoints,
+    eager_updates,  # noqa: F401  (registers EagerOptimizerUpdatesHook)
+    history_buffer,
+    safe_globals,
+)
 from .atomic_checkpoints import select_atomic_checkpoints
 from .cpu_torchrun import init_cpu_process_group
 
