@@ -169,8 +169,9 @@ setup(
     packages=find_packages(include=['nala_mm', 'nala_mm.*']),
     python_requires='>=3.9',
     # Compatible ranges: an existing OpenMMLab environment keeps its versions. Tested: what
-    # `make setup` installs, requirements/tested.txt. nala_mm.compat adapts private internals of the
-    # mmengine 0.10, mmseg 1.2 and mmdet 3.3 lines, hence the lower bounds.
+    # `make setup` installs, requirements/tested.txt. nala_mm.compat and the tools' data checks read
+    # internals of the mmengine 0.10 (HistoryBuffer's fields, the Runner's build order), mmseg 1.2
+    # and mmdet 3.3 (dataset attributes) lines, hence the lower bounds.
     # mmcv is deliberately not listed: pip would build it from source *without* its compiled
     # ops (RoIAlign, NMS), and mmseg 1.2 / mmdet 3.3 accept only mmcv < 2.2. Install mmcv 2.1
     # with its ops first (README, "Install notes").

@@ -5,9 +5,9 @@ _base_ = [
     'mmdet::_base_/datasets/coco_detection.py', './_base_/schedules/nala_det_1x.py',
     'mmdet::_base_/default_runtime.py', './_base_/nala_det_tta.py', './_base_/nala_pretrained.py'
 ]
-# nala_mm registers the models; nala_mm.compat the host changes the tools rely on (resume
-# under weights-only loading, atomic checkpoints, CPU torchrun, data checks).
-custom_imports = dict(imports=['nala_mm', 'nala_mm.compat'], allow_failed_imports=False)
+# nala_mm registers the models and changes nothing else; the project's tools add the host
+# changes they rely on (resume under the upstream train.py: docs/user_guides/robustness.md).
+custom_imports = dict(imports=['nala_mm'], allow_failed_imports=False)
 
 model = dict(
     backbone=dict(

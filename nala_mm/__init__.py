@@ -10,8 +10,8 @@ and its checkpoint hook in mmpretrain's (:mod:`nala_mm.models.classifier`,
 :mod:`nala_mm.engine.hooks`). It changes nothing else and loads nothing it does not register:
 :mod:`nala_mm.apis` (what the tools call) and :mod:`nala_mm.analysis` load on use. The host
 changes the project's tools rely on (checkpoints under weights-only loading, atomic writes, CPU
-``torchrun``, data checks) are opt-in: ``imports=['nala_mm', 'nala_mm.compat']`` (see
-:mod:`nala_mm.compat`).
+``torchrun``, data checks) are opt-in: the tools install them, a config names
+``'nala_mm.compat.enable'`` too (see :mod:`nala_mm.compat`).
 """
 import importlib
 import importlib.util

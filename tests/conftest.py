@@ -1,8 +1,9 @@
 """Shared fixtures: generated data in the real ADE20K/COCO layouts, and a seeded start for every
 test. Plain helpers (the tool runner, config writers, ``rel_err``) are in tests/helpers.py.
 
-The suite runs with :mod:`nala_mm.compat` installed, as the project's tools do; what a bare
-``import nala_mm`` changes is checked in a fresh interpreter (tests/test_compat.py).
+The suite runs the plugin as a user who does not opt in to :mod:`nala_mm.compat` would: nothing
+installs it here. Tests that need its changes in-process use ``nala_mm.compat.installed()``,
+which undoes them on exit; the tools install it in their own processes (tests/test_compat.py).
 """
 import random
 
@@ -15,7 +16,6 @@ from tests.support.side_torchvision import use_torchvision_without_ops
 
 use_torchvision_without_ops()  # before nala_mm imports mmdet (tests/support/side_torchvision.py)
 
-import nala_mm.compat  # noqa: E402,F401
 from nala_mm.datasets.synthetic_ade import generate_ade_like  # noqa: E402
 from nala_mm.datasets.synthetic_cityscapes import generate_cityscapes_like  # noqa: E402
 from nala_mm.datasets.synthetic_coco import generate_coco_like  # noqa: E402

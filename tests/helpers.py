@@ -156,6 +156,14 @@ def write_det_config(directory, root, epochs=1, extra='', name='det.py') -> str:
     return str(path)
 
 
+def load_run_checkpoint(path) -> dict:
+    """A checkpoint a tool's run wrote (message hub included), read weights-only as the tools
+    read it: with nala_mm.compat's changes for the call (the suite runs without them)."""
+    from nala_mm import compat
+    with compat.installed():
+        return torch.load(path, map_location='cpu')
+
+
 def logged_scalars(work_dir) -> Dict[int, dict]:
     """Per-iteration records of the LocalVisBackend's scalars.json (full precision)."""
     records = {}

@@ -1,4 +1,5 @@
-"""`import nala_mm` registers and changes nothing else; `nala_mm.compat` makes the host changes."""
+"""`import nala_mm` registers and changes nothing else; `nala_mm.compat` makes the host changes
+only when asked (``install()``, ``installed()``, a config's ``nala_mm.compat.enable`` import)."""
 import ast
 import json
 import pathlib
@@ -7,12 +8,13 @@ import sys
 
 import pytest
 
-# Run in a fresh interpreter: the test process itself has long imported nala_mm.compat.
+# Run in a fresh interpreter, so that nothing else of the suite has touched the hosts.
 PROBE = r'''
-import json, sys
+import copyreg, json
 import torch
 import mmengine.dist.utils as dist_utils
 from mmengine.fileio import LocalBackend
+from mmengine.fileio.backends import registry_utils
 from mmengine.logging import HistoryBuffer
 from mmengine.runner.checkpoint import CheckpointLoader
 from mmseg.datasets import BaseSegDataset
@@ -23,46 +25,79 @@ def host_state():
     return dict(
         loader=CheckpointLoader._schemes[''],
         put=LocalBackend.put,
+        put_text=LocalBackend.put_text,
         getstate=HistoryBuffer.__dict__.get('__getstate__'),
         setstate=HistoryBuffer.__dict__.get('__setstate__'),
+        reduce=copyreg.dispatch_table.get(HistoryBuffer),
         init_dist=dist_utils._init_dist_pytorch,
+        init_dist_public=dist_utils.init_dist,
         seg_load=BaseSegDataset.load_data_list,
         coco_load=CocoDataset.load_data_list,
         update_params=OptimWrapper.update_params,
+        backends=tuple(sorted(registry_utils.backends)),
         # torch allow-lists types of its own as its submodules are first imported (DTensor's,
         # dynamo's), whoever imports them: those are not the plugin's changes
-        safe_globals=tuple(g for g in torch.serialization.get_safe_globals()
-                           if not getattr(g, '__module__', '').startswith('torch.')),
+        safe_globals=frozenset(g for g in torch.serialization.get_safe_globals()
+                               if not getattr(g, '__module__', '').startswith('torch.')),
     )
 
-before = host_state()
+def changed(a, b):
+    return sorted(k for k in a if not (a[k] is b[k] or a[k] == b[k]))
+
+states = {'before': host_state()}
 import nala_mm
-after_import = host_state()
-import nala_mm.compat
-after_compat = host_state()
-nala_mm.compat.install()
-after_second_install = host_state()
-print(json.dumps(dict(
-    unchanged_by_import=[k for k in before if after_import[k] is before[k]
-                         or (k == 'safe_globals' and after_import[k] == before[k])],
-    changed_by_compat=[k for k in before if after_compat[k] != before[k]],
-    compat_idempotent=after_second_install == after_compat,
-    n_safe_globals=[len(before['safe_globals']), len(after_compat['safe_globals'])],
-)))
+states['import nala_mm'] = host_state()
+from nala_mm import compat
+states['import nala_mm.compat'] = host_state()
+with compat.installed():
+    states['inside installed()'] = host_state()
+    with compat.installed():  # nested: the inner exit keeps the outer's changes
+        pass
+    states['after a nested installed()'] = host_state()
+states['after installed()'] = host_state()
+compat.install()
+states['install()'] = host_state()
+compat.install()
+with compat.installed():
+    pass
+states['second install(), then installed()'] = host_state()
+before = states['before']
+print(json.dumps({name: changed(before, state) for name, state in states.items()}))
 '''
+INSTALLED = ['backends', 'reduce', 'safe_globals']  # the changes compat.install() makes
 
 
-def test_import_changes_nothing_and_compat_changes_each_listed_object():
+def test_import_changes_nothing_and_installed_undoes_each_change():
+    """``import nala_mm`` and ``import nala_mm.compat`` leave mmengine, torch, mmseg and mmdet as
+    they were; ``installed()`` makes the three changes and undoes them on exit; ``install()`` makes
+    them for the process, idempotently. The other objects compat once patched stay untouched."""
     out = subprocess.run([sys.executable, '-c', PROBE], capture_output=True, text=True,
                          check=True).stdout
-    result = json.loads(out.strip().splitlines()[-1])
-    keys = ['loader', 'put', 'getstate', 'setstate', 'init_dist', 'seg_load', 'coco_load',
-            'update_params', 'safe_globals']
-    assert sorted(result['unchanged_by_import']) == sorted(keys)
-    assert sorted(result['changed_by_compat']) == sorted(keys)
-    assert result['compat_idempotent'] is True
-    before, after = result['n_safe_globals']
-    assert after > before  # HistoryBuffer and the numpy reconstructors were added
+    assert json.loads(out.strip().splitlines()[-1]) == {
+        'before': [], 'import nala_mm': [], 'import nala_mm.compat': [],
+        'inside installed()': INSTALLED, 'after a nested installed()': INSTALLED,
+        'after installed()': [], 'install()': INSTALLED,
+        'second install(), then installed()': INSTALLED}
+
+
+def test_a_config_opts_in_with_one_import(tmp_path):
+    """``custom_imports=dict(imports=['nala_mm', 'nala_mm.compat.enable'])``: importing the
+    module installs the changes (a config can only import)."""
+    config = tmp_path / 'opt_in.py'
+    config.write_text("custom_imports = dict(imports=['nala_mm', 'nala_mm.compat.enable'], "
+                      'allow_failed_imports=False)\n')
+    probe = ('import copyreg, torch\n'
+             'from mmengine.config import Config\n'
+             'from mmengine.logging import HistoryBuffer\n'
+             'from nala_mm.compat.history_buffer import rebuild_history_buffer, '
+             'reduce_history_buffer\n'
+             'print(HistoryBuffer in copyreg.dispatch_table)\n'
+             f'Config.fromfile({str(config)!r})\n'
+             'print(copyreg.dispatch_table[HistoryBuffer] is reduce_history_buffer, '
+             'rebuild_history_buffer in torch.serialization.get_safe_globals())')
+    out = subprocess.run([sys.executable, '-c', probe], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.split() == ['False', 'True', 'True']
 
 
 def _calls_with_force(path):
@@ -72,12 +107,12 @@ def _calls_with_force(path):
                 for kw in node.keywords)]
 
 
-def test_no_force_registration_outside_compat():
+def test_no_force_registration_anywhere():
+    """mmengine owns the checkpoint scheme '' and the file backend 'local': the package only
+    registers new names."""
     package = pathlib.Path(__file__).resolve().parents[1] / 'nala_mm'
     found = {str(p.relative_to(package)): _calls_with_force(p) for p in package.rglob('*.py')}
-    assert {name: lines for name, lines in found.items() if lines} == {
-        'compat.py': found['compat.py']}
-    assert len(found['compat.py']) == 1  # the checkpoint loader's scheme, and nothing else
+    assert {name: lines for name, lines in found.items() if lines} == {}
 
 
 def test_second_module_under_a_registered_name_raises_naming_both():

@@ -100,7 +100,9 @@ def main() -> None:
     import mmengine
     import mmseg
 
-    import nala_mm.compat  # noqa: F401  (registers the modules, installs the host changes)
+    from nala_mm import compat  # (registers the modules)
+    with compat.installed():  # the host changes the tools make apply to these versions
+        pass
     pretrain = check_pretrain()
     device = f'CUDA ops on {torch.cuda.get_device_name()}' if torch.cuda.is_available() else \
         'no CUDA device: CPU ops only'

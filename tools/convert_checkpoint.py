@@ -16,7 +16,8 @@ from mmengine.runner.checkpoint import CheckpointLoader
 from nala_mm import compat
 from nala_mm.models import PRETRAINED, NaLaFormer, checkpoint_filter
 
-# weights-only loading of the authors' files with messages that name the file: nala_mm/compat.py
+# weights-only loading of the authors' files (their command line, an argparse.Namespace, is
+# allow-listed): nala_mm/compat/safe_globals.py
 compat.install()
 
 

@@ -22,8 +22,8 @@ from nala_mm import compat
 from nala_mm.apis.config_loading import load_config
 from nala_mm.datasets.demo import DEMO_TASKS
 
-# the host changes this tool relies on (weights-only resume, atomic checkpoints, CPU torchrun,
-# data checks): see nala_mm/compat.py
+# the host changes this tool relies on (Runner checkpoints under weights-only loading, the atomic
+# checkpoint backend): see nala_mm/compat/
 compat.install()
 
 
@@ -110,7 +110,7 @@ def main() -> None:
     data = task.generate(cfg.train_dataloader.dataset.data_root)
     # evaluate once, after training, through the test loop (which also draws the overlays)
     cfg.train_cfg.val_interval = cfg.train_cfg.get('max_iters', cfg.train_cfg.get('max_epochs')) + 1
-    runner = Runner.from_cfg(cfg)
+    runner = compat.build_runner(cfg, ('train_dataloader', 'val_dataloader', 'test_dataloader'))
     start = time.perf_counter()
     runner.train()
     seconds = time.perf_counter() - start

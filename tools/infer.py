@@ -13,8 +13,8 @@ from nala_mm import compat
 from nala_mm.apis.compile import compile_feature_extraction
 from nala_mm.apis.config_loading import load_config
 
-# the host changes this tool relies on (weights-only resume, atomic checkpoints, CPU torchrun,
-# data checks): see nala_mm/compat.py
+# the host change this tool relies on (Runner checkpoints under weights-only loading): see
+# nala_mm/compat/
 compat.install()
 
 

@@ -11,15 +11,14 @@ import os
 
 import numpy as np
 from mmengine.config import Config, DictAction
-from mmengine.registry import RUNNERS
-from mmengine.runner import Runner
 
 from nala_mm import compat
 from nala_mm.apis.compile import compile_feature_extraction
 from nala_mm.apis.config_loading import load_config
+from nala_mm.datasets.checks import explained_data_errors
 
-# the host changes this tool relies on (weights-only resume, atomic checkpoints, CPU torchrun,
-# data checks): see nala_mm/compat.py
+# the host changes this tool relies on (Runner checkpoints under weights-only loading, the atomic
+# checkpoint backend): see nala_mm/compat/
 compat.install()
 
 
@@ -108,13 +107,14 @@ def build_config(args: argparse.Namespace) -> Config:
 def main() -> None:
     args = parse_args()
     cfg = build_config(args)
-    runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
+    runner = compat.build_runner(cfg, ['test_dataloader'])
     if args.compile:
         compile_feature_extraction(runner.model)
     if args.out and cfg.get('default_scope') == 'mmdet':
         from mmdet.evaluation import DumpDetResults
         runner.test_evaluator.metrics.append(DumpDetResults(out_file_path=args.out))
-    metrics = runner.test()
+    with explained_data_errors(cfg, ['test_dataloader']):
+        metrics = runner.test()
     # mmseg's metrics are numpy float32 (54.56 would print as 54.560001373291016)
     print('metrics: ' + ', '.join(f'{k}={float(v):.4f}' if isinstance(v, (float, np.floating))
                                   else f'{k}={v}' for k, v in metrics.items()))

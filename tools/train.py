@@ -20,16 +20,15 @@ import argparse
 import os
 
 from mmengine.config import Config, DictAction
-from mmengine.registry import RUNNERS
-from mmengine.runner import Runner
 
 from nala_mm import compat
 from nala_mm.apis.compile import apply_compile_settings, compile_regions
 from nala_mm.apis.config_loading import enable_auto_scale_lr, load_config
+from nala_mm.datasets.checks import explained_data_errors
 from nala_mm.engine.optimizers import enable_amp
 
-# the host changes this tool relies on (weights-only resume, atomic checkpoints, CPU torchrun,
-# data checks): see nala_mm/compat.py
+# the host changes this tool relies on (Runner checkpoints under weights-only loading, the atomic
+# checkpoint backend): see nala_mm/compat/
 compat.install()
 
 
@@ -64,7 +63,8 @@ def build_config(args: argparse.Namespace) -> Config:
     if args.amp:
         enable_amp(cfg)
     if args.compile == 'whole':
-        cfg.compile = True
+        cfg.compile = True  # the optimizer update stays eager: nala_mm/compat/eager_updates.py
+        cfg.custom_hooks = [*cfg.get('custom_hooks', []), dict(type='EagerOptimizerUpdatesHook')]
     if args.auto_scale_lr:
         enable_auto_scale_lr(cfg)
     if args.resume == 'auto':
@@ -81,11 +81,14 @@ def main() -> None:
     cfg = build_config(args)
     if args.compile:
         apply_compile_settings()
-    runner = Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
+    loaders = ('train_dataloader', 'val_dataloader') if cfg.get('val_cfg') else \
+        ('train_dataloader',)
+    runner = compat.build_runner(cfg, loaders)
     if args.compile == 'regional':
         regions = compile_regions(runner.model)
         runner.logger.info(f'compiled regionally: {regions}')
-    runner.train()
+    with explained_data_errors(cfg, loaders):
+        runner.train()
 
 
 if __name__ == '__main__':

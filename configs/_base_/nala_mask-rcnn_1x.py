@@ -4,9 +4,9 @@ _base_ = [
     'mmdet::_base_/datasets/coco_instance.py', './schedules/nala_det_1x.py',
     'mmdet::_base_/default_runtime.py', './nala_det_tta.py'
 ]
-# nala_mm registers the models; nala_mm.compat the host changes the tools rely on (resume
-# under weights-only loading, atomic checkpoints, CPU torchrun, data checks).
-custom_imports = dict(imports=['nala_mm', 'nala_mm.compat'], allow_failed_imports=False)
+# nala_mm registers the models and changes nothing else; the project's tools add the host
+# changes they rely on (resume under the upstream train.py: docs/user_guides/robustness.md).
+custom_imports = dict(imports=['nala_mm'], allow_failed_imports=False)
 
 model = dict(
     backbone=dict(

@@ -8,9 +8,9 @@ _base_ = [
     'mmpretrain::_base_/schedules/imagenet_bs1024_adamw_swin.py',
     'mmpretrain::_base_/default_runtime.py',
 ]
-# nala_mm registers the backbone (root registry), the tail and the checkpoint hook (mmpretrain's);
-# nala_mm.compat the host changes the tools rely on (weights-only resume, atomic checkpoints).
-custom_imports = dict(imports=['nala_mm', 'nala_mm.compat'], allow_failed_imports=False)
+# nala_mm registers the backbone (root registry), the tail and the checkpoint hook (mmpretrain's),
+# and changes nothing else (resume under mmpretrain's own train.py: docs/user_guides/robustness.md).
+custom_imports = dict(imports=['nala_mm'], allow_failed_imports=False)
 
 model = dict(
     type='ImageClassifier',

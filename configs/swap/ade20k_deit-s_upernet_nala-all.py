@@ -5,7 +5,7 @@
 # `mixers` and the mixers' LayerNorm decay change; the DeiT-S weights of the stock config carry
 # q/k/v and the output projection into the mixers.
 _base_ = ['mmseg::vit/vit_deit-s16_upernet_8xb2-160k_ade20k-512x512.py']
-custom_imports = dict(imports=['nala_mm', 'nala_mm.compat'], allow_failed_imports=False)
+custom_imports = dict(imports=['nala_mm'], allow_failed_imports=False)
 
 model = dict(backbone=dict(type='NaLaVisionTransformer', mixers=('nala',) * 12))
 optim_wrapper = dict(paramwise_cfg=dict(custom_keys={'mixer.ln': dict(decay_mult=0.)}))

@@ -3,7 +3,7 @@
 # Only the backbone type, `mixers` and the mixers' LayerNorm decay change; nothing of the mixer is
 # named 'head', so the stock head lr x10 stays on the decode head alone.
 _base_ = ['mmseg::segformer/segformer_mit-b0_8xb2-160k_ade20k-512x512.py']
-custom_imports = dict(imports=['nala_mm', 'nala_mm.compat'], allow_failed_imports=False)
+custom_imports = dict(imports=['nala_mm'], allow_failed_imports=False)
 
 model = dict(backbone=dict(type='NaLaMixVisionTransformer',
                            mixers=('nala', 'nala', 'softmax', 'softmax')))

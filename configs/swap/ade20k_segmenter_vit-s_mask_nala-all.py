@@ -4,7 +4,7 @@
 # stock recipe trains without weight decay, so the mixers' new parameters need nothing more. The
 # mask transformer head keeps its own softmax layers over the patches and class embeddings.
 _base_ = ['mmseg::segmenter/segmenter_vit-s_mask_8xb1-160k_ade20k-512x512.py']
-custom_imports = dict(imports=['nala_mm', 'nala_mm.compat'], allow_failed_imports=False)
+custom_imports = dict(imports=['nala_mm'], allow_failed_imports=False)
 
 model = dict(backbone=dict(type='NaLaVisionTransformer', mixers=('nala',) * 12))
 # the stock recipe's batch (8 GPUs x 1 image), for tools/train.py --auto-scale-lr

@@ -3,7 +3,7 @@
 # The stock ImageNet Swin-T weights load: q/k/v and the output projection of the swapped stages
 # carry into NaLa (docs/user_guides/swap.md), stages 3-4 keep their shifted-window attention.
 _base_ = ['mmseg::swin/swin-tiny-patch4-window7-in1k-pre_upernet_8xb2-160k_ade20k-512x512.py']
-custom_imports = dict(imports=['nala_mm', 'nala_mm.compat'], allow_failed_imports=False)
+custom_imports = dict(imports=['nala_mm'], allow_failed_imports=False)
 
 model = dict(backbone=dict(type='NaLaSwinTransformer',
                            mixers=('nala', 'nala', 'softmax', 'softmax')))

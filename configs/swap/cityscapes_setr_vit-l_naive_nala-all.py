@@ -8,7 +8,7 @@
 # model's windows (benchmarks/results/speed/vit_cityscapes.json, docs/user_guides/vit.md). Short of
 # memory: set model.test_cfg back to the stock slide mode.
 _base_ = ['mmseg::setr/setr_vit-l_naive_8xb1-80k_cityscapes-768x768.py']
-custom_imports = dict(imports=['nala_mm', 'nala_mm.compat'], allow_failed_imports=False)
+custom_imports = dict(imports=['nala_mm'], allow_failed_imports=False)
 
 model = dict(backbone=dict(type='NaLaVisionTransformer', mixers=('nala',) * 24),
              test_cfg=dict(_delete_=True, mode='whole'))

@@ -2,7 +2,7 @@
 # reduces keys/values; the official PVTv2-B0 weights (mmdet's pvt_convert) carry over.
 # The stock recipe decays every parameter; the mixers' LayerNorm is exempted as everywhere else.
 _base_ = ['mmdet::pvt/retinanet_pvtv2-b0_fpn_1x_coco.py']
-custom_imports = dict(imports=['nala_mm', 'nala_mm.compat'], allow_failed_imports=False)
+custom_imports = dict(imports=['nala_mm'], allow_failed_imports=False)
 
 model = dict(backbone=dict(type='NaLaPyramidVisionTransformerV2',
                            mixers=('nala', 'nala', 'softmax', 'softmax')))

@@ -1,7 +1,7 @@
 # mmdet's Mask R-CNN Swin-T 1x on COCO with NaLa in stages 1-2 (global over each stage);
 # the official ImageNet Swin-T weights (convert_weights=True, as stock) carry over.
 _base_ = ['mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_1x_coco.py']
-custom_imports = dict(imports=['nala_mm', 'nala_mm.compat'], allow_failed_imports=False)
+custom_imports = dict(imports=['nala_mm'], allow_failed_imports=False)
 
 model = dict(backbone=dict(type='NaLaSwinTransformer',
                            mixers=('nala', 'nala', 'softmax', 'softmax')))

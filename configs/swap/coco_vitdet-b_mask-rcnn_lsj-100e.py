@@ -9,7 +9,7 @@
 # Not ViTDet's: no decomposed relative-position biases. Position reaches the blocks only through
 # the absolute pos_embed (interpolated to the 64x64 grid), as in the ViT the weights come from.
 _base_ = ['mmdet::_base_/models/mask-rcnn_r50_fpn.py', 'mmdet::common/lsj-100e_coco-instance.py']
-custom_imports = dict(imports=['nala_mm', 'nala_mm.compat'], allow_failed_imports=False)
+custom_imports = dict(imports=['nala_mm'], allow_failed_imports=False)
 
 image_size = (1024, 1024)
 vitdet_layout = ['window', 'window', 'sdpa'] * 4

@@ -16,8 +16,8 @@ regional compilation, compiled feature extraction, eager optimizer updates.
 
 The project's entry points apply them around every compiled call; a plain ``torch.compile``
 of a model that trains at changing sizes needs them too: call it inside ``with
-compile_settings():``, or install :mod:`nala_mm.compat`, which sets ``recompute_views`` for the
-process (the tools do).
+compile_settings():`` (a tool whose compiled calls mmengine makes applies them for the process:
+:func:`apply_compile_settings`).
 
 **Whole model** (:func:`compile_model`) and **regional** (:func:`compile_regions`): the latter
 compiles the *class* of each repeated block once (NaLaFormer's :class:`NaLaBlock`, the stock
@@ -34,9 +34,9 @@ serves every size its guards admit, and a size sequence compiles a handful of gr
 ``train_step``, the optimizer's update included. Traced, ``optimizer.step`` fails on mmengine's
 param groups (``ConfigDict`` objects, which dynamo does not take for dicts) and, where it did
 not, would recompile whenever the scheduler changes the learning rate (a Python float dynamo
-specialises on). :func:`eager_optimizer_updates` (installed by :mod:`nala_mm.compat`) runs
-``OptimWrapper.update_params`` outside the graph: the forward and the loss are compiled, their
-backward is AOTAutograd's compiled backward, and the update runs eager.
+specialises on). The tool runs the update of the run's optimizer wrapper outside the graph
+(:mod:`nala_mm.compat.eager_updates`): the forward and the loss are compiled, their backward is
+AOTAutograd's compiled backward, and the update runs eager.
 """
 import contextlib
 from typing import Callable, Dict, Iterator, List, Optional, Tuple
@@ -44,7 +44,6 @@ from typing import Callable, Dict, Iterator, List, Optional, Tuple
 import torch
 import torch._dynamo.config
 import torch._functorch.config
-from mmengine.optim import OptimWrapper
 from torch import nn
 
 # compilations a compiled function may make (the first and its recompilations)
@@ -240,11 +239,3 @@ def compile_feature_extraction(model: nn.Module, backend: str = 'inductor',
     inner.extract_feat = compiled
     return compiled
 
-
-def eager_optimizer_updates() -> None:
-    """Make ``OptimWrapper.update_params`` (backward, step, zero_grad; every mmengine optimizer
-    wrapper inherits it) run outside any ``torch.compile`` graph. Idempotent."""
-    if not getattr(OptimWrapper.update_params, 'nala_eager', False):
-        update_params = torch._dynamo.disable(OptimWrapper.update_params)
-        update_params.nala_eager = True
-        OptimWrapper.update_params = update_params

@@ -1,3 +1,3 @@
 """Synthetic data in the exact ADE20K, COCO, Cityscapes and ImageNet layouts (the demos'; the
 long-range exemplar task's generator, projects/longrange/data.py, builds on them), and the data
-checks that :mod:`nala_mm.compat` installs on the upstream dataset classes."""
+checks the project's tools run (:mod:`.checks`)."""

@@ -1,10 +1,11 @@
-"""Clear errors for missing or malformed data, installed by :mod:`nala_mm.compat` on the upstream
-dataset classes.
+"""Clear errors for missing or malformed data, from the project's tools.
 
 A wrong ``data_root`` otherwise surfaces as a bare listing error deep inside mmengine, and a
-broken COCO file as a ``KeyError: 'images'``. The checks wrap ``load_data_list`` of mmseg's
-``BaseSegDataset`` and mmdet's ``CocoDataset`` (so they also hold under ``mim train``), and only
-add a message; they never reject data the original loader accepts:
+broken COCO file as a ``KeyError: 'images'``. The tools run :func:`check_data` on the datasets of
+the config's dataloaders before the Runner is built, and the run inside
+:func:`explained_data_errors`; mmseg's and mmdet's dataset classes are untouched (under their own
+``train.py`` the data is not checked). The checks only add a message; they never reject data the
+original loader accepts:
 
 * folders and files are checked only on the local file system; data behind another mmengine
   file backend (``s3://...``, ``backend_args=dict(backend='petrel')``) goes straight to the
@@ -14,11 +15,18 @@ add a message; they never reject data the original loader accepts:
 * a COCO file is inspected only after mmdet's own loader has failed on it, and the
   inspection mirrors what mmdet 3.3 and pycocotools read (test-dev files without
   ``annotations``, ignored annotations without ``bbox`` and the like load unchanged).
+
+The checked datasets are mmseg's ``BaseSegDataset`` and mmdet's ``CocoDataset`` and their
+subclasses, also inside dataset wrappers (``ConcatDataset``, ``RepeatDataset``, ...).
 """
-import functools
+import contextlib
+import copy
+import importlib
 import json
 import os.path as osp
-from typing import Iterator, List, Optional
+from typing import Iterator, List, Optional, Sequence, Tuple
+
+from mmengine.config import Config
 
 ADE20K_HELP = (
     'ADE20K is expected as <data_root>/images/{training,validation}/*.jpg and '
@@ -184,52 +192,65 @@ def _check_coco_file(dataset) -> None:
                                 f'(data_root={dataset.data_root!r}). {COCO_HELP}')
 
 
-def _wrap(cls, check, diagnose=None) -> None:
-    """``check`` runs before the original loader; ``diagnose`` only after it has failed (or
-    loaded nothing, which mmengine's dataset then fails on with 'need at least one array to
-    concatenate'), and replaces its error when it finds the cause."""
-    original = cls.load_data_list
-    if getattr(original, '_nala_checked', False):
-        return
-
-    @functools.wraps(original)
-    def load_data_list(self):
-        check(self)
-        if diagnose is None:
-            return original(self)
-        try:
-            data_list = original(self)
-        except Exception as err:
-            message = diagnose(self)
-            if message is None:
-                raise
-            raise ValueError(message) from err
-        if not data_list:
-            message = diagnose(self)
-            if message is not None:
-                raise ValueError(message)
-        return data_list
-
-    load_data_list._nala_checked = True
-    cls.load_data_list = load_data_list
-
-
 def _diagnose_coco(dataset) -> Optional[str]:
     if not is_local(dataset.ann_file, dataset.backend_args):
         return None
     return _diagnose_coco_file(dataset, dataset.ann_file)
 
 
-def install_dataset_checks() -> None:
-    """Idempotent; installed by :mod:`nala_mm.compat` for whichever of mmseg/mmdet is
-    installed."""
+def _leaf_configs(dataset_cfg) -> Iterator[dict]:
+    """The dataset configs inside a (possibly wrapped) dataset config."""
+    if isinstance(dataset_cfg, dict):
+        if isinstance(dataset_cfg.get('dataset'), dict):
+            yield from _leaf_configs(dataset_cfg['dataset'])
+        elif isinstance(dataset_cfg.get('datasets'), (list, tuple)):
+            for each in dataset_cfg['datasets']:
+                yield from _leaf_configs(each)
+        else:
+            yield dataset_cfg
+
+
+# the checked dataset base class of each default scope, and whether it is COCO's
+CHECKED = {'mmseg': ('mmseg.datasets', 'BaseSegDataset', False),
+           'mmdet': ('mmdet.datasets', 'CocoDataset', True)}
+
+
+def _datasets(cfg: Config, loaders: Sequence[str]) -> Iterator[Tuple[object, bool]]:
+    """(dataset, whether it is a COCO one) for the checked datasets of ``cfg``'s ``loaders``,
+    built with ``lazy_init=True``: paths joined and pipeline built as the Runner's would be,
+    nothing listed or read yet."""
+    scope = cfg.get('default_scope', 'mmseg')
+    if scope not in CHECKED:
+        return
+    package, name, is_coco = CHECKED[scope]
+    base = getattr(importlib.import_module(package), name)
+    registry = importlib.import_module(f'{scope}.registry').DATASETS
+    for loader in loaders:
+        for dataset_cfg in _leaf_configs((cfg.get(loader) or {}).get('dataset')):
+            cls = dataset_cfg.get('type')
+            cls = cls if isinstance(cls, type) else registry.get(cls)
+            if isinstance(cls, type) and issubclass(cls, base):
+                yield registry.build(dict(copy.deepcopy(dataset_cfg), lazy_init=True)), is_coco
+
+
+def check_data(cfg: Config, loaders: Sequence[str]) -> None:
+    """Before the Runner is built: raise ``FileNotFoundError``, saying where the data is expected,
+    when a local folder or annotation file of ``cfg``'s ``loaders`` (e.g. ``'train_dataloader'``)
+    is missing."""
+    for dataset, is_coco in _datasets(cfg, loaders):
+        (_check_coco_file if is_coco else _check_seg_folders)(dataset)
+
+
+@contextlib.contextmanager
+def explained_data_errors(cfg: Config, loaders: Sequence[str]) -> Iterator[None]:
+    """An error inside (the Runner loading the data, or failing on a dataset that loaded
+    nothing) becomes a ``ValueError`` that names what is wrong in a local COCO file of ``cfg``'s
+    ``loaders``, when one is wrong; other errors stand."""
     try:
-        from mmseg.datasets import BaseSegDataset
-        _wrap(BaseSegDataset, _check_seg_folders)
-    except ImportError:
-        pass
-    try:
-        from mmdet.datasets import CocoDataset
-        _wrap(CocoDataset, _check_coco_file, _diagnose_coco)
-    except ImportError:
-        pass
+        yield
+    except Exception as err:
+        for dataset, is_coco in _datasets(cfg, loaders):
+            message = _diagnose_coco(dataset) if is_coco else None
+            if message is not None:
+                raise ValueError(message) from err
+        raise

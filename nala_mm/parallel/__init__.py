@@ -1,5 +1,5 @@
 """Token parallelism: one image's rows across the ranks of a process group
-(docs/token_parallel.md). Loaded on use, not by ``import nala_mm``."""
+(docs/user_guides/token_parallel.md). Loaded on use, not by ``import nala_mm``."""
 from .segmentor import ShardedSegmentor
 from .token_parallel import TokenParallel
 

@@ -81,14 +81,15 @@ def test_wrappers_are_looked_through_and_other_modules_refused():
 
 
 def test_optimizer_updates_run_eager_inside_a_compiled_train_step():
-    """mmengine's compile=True compiles train_step, the update included: with nala_mm.compat,
-    the update (on mmengine's ConfigDict param groups, which dynamo's optimizer tracing fails
-    on) runs outside the graph, and a learning rate the scheduler changes recompiles nothing."""
+    """mmengine's compile=True compiles train_step, the update included: made eager on the
+    wrapper (as tools/train.py --compile does), the update (on mmengine's ConfigDict param groups,
+    which dynamo's optimizer tracing fails on) runs outside the graph, and a learning rate the
+    scheduler changes recompiles nothing. The class OptimWrapper is untouched."""
     from mmengine.config import ConfigDict
-    from mmengine.optim import build_optim_wrapper
+    from mmengine.optim import OptimWrapper, build_optim_wrapper
 
-    from nala_mm import compat
-    compat.install()
+    from nala_mm.compat.eager_updates import eager_update_params
+    update_params = OptimWrapper.update_params
     torch._dynamo.reset()
     model = nn.Sequential(nn.Linear(4, 8), nn.LayerNorm(8), nn.Linear(8, 1))
     # a config's optim_wrapper, as the Runner passes it: the param groups become ConfigDicts
@@ -96,6 +97,8 @@ def test_optimizer_updates_run_eager_inside_a_compiled_train_step():
         optimizer=dict(type='AdamW', lr=1e-2, weight_decay=0.01),
         paramwise_cfg=dict(norm_decay_mult=0.0)))
     assert type(wrapper.optimizer.param_groups[0]).__name__ == 'ConfigDict'
+    eager_update_params(wrapper)
+    assert OptimWrapper.update_params is update_params and 'update_params' in vars(wrapper)
     graphs = []
 
     def counting(graph, example_inputs):

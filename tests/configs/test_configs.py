@@ -50,7 +50,7 @@ SEG_CONFIGS = nalaformer_configs('ade20k_*.py')
 @pytest.mark.parametrize('path', SEG_CONFIGS, ids=lambda p: osp.relpath(p, REPO))
 def test_every_segmentation_config_builds_its_model(path):
     cfg = load(path)
-    assert cfg.custom_imports['imports'] == ['nala_mm', 'nala_mm.compat']
+    assert cfg.custom_imports['imports'] == ['nala_mm']
     backbone = build_on_meta(cfg).backbone
     # the first module after the backbone is wired to the variant's channels
     first = cfg.model.neck if 'neck' in cfg.model else cfg.model.decode_head
@@ -122,7 +122,7 @@ DET_CONFIGS = nalaformer_configs('coco_*.py')
 @pytest.mark.parametrize('path', DET_CONFIGS, ids=lambda p: osp.relpath(p, REPO))
 def test_every_detection_config_builds_its_model(path):
     cfg = load(path)
-    assert cfg.custom_imports['imports'] == ['nala_mm', 'nala_mm.compat']
+    assert cfg.custom_imports['imports'] == ['nala_mm']
     model = build_on_meta(cfg)
     dims = model.backbone.embed_dims
     assert list(cfg.model.neck.in_channels) == [dims[i] for i in model.backbone.out_indices]

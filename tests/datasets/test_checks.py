@@ -1,15 +1,20 @@
-"""The data checks nala_mm.compat installs: missing or malformed data is named with what is
-expected; valid data (unlabelled images, test-dev files, remote backends) loads unchanged."""
+"""The data checks the tools run (before the Runner is built, and around the run): missing or
+malformed data is named with what is expected; valid data (unlabelled images, test-dev files,
+remote backends) passes them and loads unchanged. mmseg's and mmdet's dataset classes are not
+touched: building a dataset directly gives their own errors."""
 import copy
+import importlib
 import json
 import os
 import os.path as osp
 import re
 
 import pytest
+from mmengine.config import Config
 from mmengine.registry import init_default_scope
 
 from nala_mm.apis.config_loading import load_config
+from nala_mm.datasets.checks import check_data, explained_data_errors
 from nala_mm.datasets.synthetic_ade import generate_ade_like
 from tests.helpers import DEMO_DET_CFG, DEMO_SEG_CFG
 
@@ -31,22 +36,52 @@ def det_dataset(demo_cfgs, root, split='train') -> dict:
     return dict(copy.deepcopy(loader.dataset), data_root=f'{root}/')
 
 
+def run_config(scope, dataset, loader='train_dataloader') -> Config:
+    """A config whose ``loader`` reads ``dataset``, as a tool checks it."""
+    return Config({'default_scope': scope, loader: dict(dataset=dataset)})
+
+
+def checked(scope, dataset):
+    """``dataset`` checked as the tools do, then built (and loaded) as the Runner does."""
+    cfg = run_config(scope, dataset)
+    check_data(cfg, ['train_dataloader'])
+    init_default_scope(scope)
+    with explained_data_errors(cfg, ['train_dataloader']):
+        return importlib.import_module(f'{scope}.registry').DATASETS.build(dataset)
+
+
 def test_missing_data_root_says_where_and_how(tmp_path, demo_cfgs):
-    init_default_scope('mmseg')
-    from mmseg.registry import DATASETS
     with pytest.raises(FileNotFoundError, match=r'nowhere/images/training does not exist.*'
                                                 r'ADEChallengeData2016\.zip.*make demo'):
+        checked('mmseg', seg_dataset(demo_cfgs, tmp_path / 'nowhere'))
+
+
+def test_wrapped_datasets_are_checked_and_unused_loaders_not(tmp_path, demo_cfgs, tiny_ade):
+    """Inside dataset wrappers too; a loader the run does not build is not read."""
+    missing = seg_dataset(demo_cfgs, tmp_path / 'nowhere')
+    wrapped = dict(type='ConcatDataset', datasets=[seg_dataset(demo_cfgs, tiny_ade),
+                                                   dict(type='RepeatDataset', times=2,
+                                                        dataset=missing)])
+    with pytest.raises(FileNotFoundError, match=r'nowhere/images/training does not exist'):
+        check_data(run_config('mmseg', wrapped), ['train_dataloader'])
+    check_data(run_config('mmseg', missing, 'test_dataloader'), ['train_dataloader'])
+
+
+def test_the_upstream_classes_are_untouched(tmp_path, demo_cfgs):
+    """Built directly, a dataset on a missing folder fails with mmseg's own error."""
+    init_default_scope('mmseg')
+    from mmseg.registry import DATASETS
+    with pytest.raises(FileNotFoundError) as err:
         DATASETS.build(seg_dataset(demo_cfgs, tmp_path / 'nowhere'))
+    assert 'make demo' not in str(err.value)
 
 
 def test_other_seg_datasets_get_generic_help_without_ade20k(tmp_path):
-    init_default_scope('mmseg')
-    from mmseg.registry import DATASETS
     root = tmp_path / 'cityscapes'
     with pytest.raises(FileNotFoundError) as err:
-        DATASETS.build(dict(type='CityscapesDataset', data_root=str(root),
-                            data_prefix=dict(img_path='leftImg8bit/train',
-                                             seg_map_path='gtFine/train'), pipeline=[]))
+        checked('mmseg', dict(type='CityscapesDataset', data_root=str(root),
+                              data_prefix=dict(img_path='leftImg8bit/train',
+                                               seg_map_path='gtFine/train'), pipeline=[]))
     message = str(err.value)
     assert 'ADE' not in message and 'make demo' not in message
     assert f'image folder {root}/leftImg8bit/train does not exist' in message
@@ -58,16 +93,14 @@ def test_annotation_folder_needed_only_when_the_pipeline_loads_it(tmp_path, tiny
     root = tmp_path / 'unlabelled'
     root.mkdir()
     os.symlink(tiny_ade / 'images', root / 'images')
-    init_default_scope('mmseg')
-    from mmseg.registry import DATASETS
     images_only = dict(type='ADE20KDataset', data_root=str(root),
                        data_prefix=dict(img_path='images/validation',
                                         seg_map_path='annotations/validation'),
                        pipeline=[dict(type='LoadImageFromFile'), dict(type='PackSegInputs')])
-    assert len(DATASETS.build(images_only)) == 2
+    assert len(checked('mmseg', images_only)) == 2
     with pytest.raises(FileNotFoundError, match=r'annotation folder .*unlabelled/annotations/'
                                                 r'validation does not exist.*ADEChallengeData'):
-        DATASETS.build(dict(images_only, pipeline=[
+        checked('mmseg', dict(images_only, pipeline=[
             dict(type='LoadImageFromFile'), dict(type='LoadAnnotations', reduce_zero_label=True),
             dict(type='PackSegInputs')]))
 
@@ -76,9 +109,7 @@ def test_data_behind_a_remote_file_backend_is_not_rejected(tiny_ade, demo_cfgs):
     """A data_root on another mmengine file backend (here a nalatest:// stand-in for s3://) is
     not checked against the local file system: the loader lists it through the backend."""
     from tests.support.remote_backend import remote
-    init_default_scope('mmseg')
-    from mmseg.registry import DATASETS
-    dataset = DATASETS.build(seg_dataset(demo_cfgs, remote(tiny_ade)))
+    dataset = checked('mmseg', seg_dataset(demo_cfgs, remote(tiny_ade)))
     assert len(dataset) == 4
     assert dataset.get_data_info(0)['img_path'].startswith(remote(tiny_ade / 'images'))
 
@@ -86,9 +117,7 @@ def test_data_behind_a_remote_file_backend_is_not_rejected(tiny_ade, demo_cfgs):
 def test_unreadable_image_is_named(tmp_path, demo_cfgs):
     root = tmp_path / 'ADEChallengeData2016'
     generate_ade_like(str(root), num_train=2, num_val=1, image_size=(64, 64), progress=False)
-    init_default_scope('mmseg')
-    from mmseg.registry import DATASETS
-    dataset = DATASETS.build(seg_dataset(demo_cfgs, root))
+    dataset = checked('mmseg', seg_dataset(demo_cfgs, root))
     broken = dataset.get_data_info(0)['img_path']
     with open(broken, 'wb') as f:
         f.write(b'this is not a jpeg')
@@ -97,11 +126,9 @@ def test_unreadable_image_is_named(tmp_path, demo_cfgs):
 
 
 def test_missing_annotation_file_is_named(tmp_path, demo_cfgs):
-    init_default_scope('mmdet')
-    from mmdet.registry import DATASETS
     with pytest.raises(FileNotFoundError, match=r'nowhere/annotations/instances_train2017\.json '
                                                 r'does not exist.*make demo-det'):
-        DATASETS.build(det_dataset(demo_cfgs, tmp_path / 'nowhere'))
+        checked('mmdet', det_dataset(demo_cfgs, tmp_path / 'nowhere'))
 
 
 IMAGE = '{"id": 1, "file_name": "a.jpg", "width": 64, "height": 48}'
@@ -130,10 +157,8 @@ def test_malformed_annotation_file_says_what_is_wrong(tmp_path, demo_cfgs, conte
     root = tmp_path / 'coco'
     (root / 'annotations').mkdir(parents=True)
     (root / 'annotations' / 'instances_train2017.json').write_text(content)
-    init_default_scope('mmdet')
-    from mmdet.registry import DATASETS
     with pytest.raises(ValueError, match=match) as err:
-        DATASETS.build(det_dataset(demo_cfgs, root))
+        checked('mmdet', det_dataset(demo_cfgs, root))
     assert 'instances_train2017.json' in str(err.value)
 
 
@@ -152,9 +177,7 @@ def test_valid_annotation_files_without_boxes_load(tmp_path, demo_cfgs, content,
     root = tmp_path / 'coco'
     (root / 'annotations').mkdir(parents=True)
     (root / 'annotations' / 'instances_val2017.json').write_text(content)
-    init_default_scope('mmdet')
-    from mmdet.registry import DATASETS
-    dataset = DATASETS.build(dict(det_dataset(demo_cfgs, root, 'val'), test_mode=True))
+    dataset = checked('mmdet', dict(det_dataset(demo_cfgs, root, 'val'), test_mode=True))
     assert len(dataset) == 1
     assert len(dataset.get_data_info(0)['instances']) == instances
 
@@ -163,9 +186,7 @@ def test_annotation_file_behind_a_remote_file_backend_is_not_rejected(tiny_coco,
     """ann_file on another mmengine file backend (nalatest://, a stand-in for s3://): read
     through the backend, not tested with os.path."""
     from tests.support.remote_backend import remote
-    init_default_scope('mmdet')
-    from mmdet.registry import DATASETS
-    dataset = DATASETS.build(det_dataset(demo_cfgs, remote(tiny_coco), 'val'))
+    dataset = checked('mmdet', det_dataset(demo_cfgs, remote(tiny_coco), 'val'))
     assert dataset.ann_file.startswith('nalatest://')
     assert len(dataset) == 2
 

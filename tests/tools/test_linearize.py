@@ -20,7 +20,14 @@ from nala_mm.apis.linearize import (
 )
 from nala_mm.models import DEFAULT_HYBRID
 from nala_mm.models.swap import DetNaLaSwinTransformer, SegNaLaSwinTransformer
-from tests.helpers import DEMO_SEG_CFG, REPO, run_failing_tool, run_tool, vitdet_tiny_data
+from tests.helpers import (
+    DEMO_SEG_CFG,
+    REPO,
+    load_run_checkpoint,
+    run_failing_tool,
+    run_tool,
+    vitdet_tiny_data,
+)
 
 SWIN = dict(embed_dims=32, depths=(2, 2, 2, 2), num_heads=(1, 2, 4, 8), window_size=7)
 CONFIG = """_base_ = [{demo!r}]
@@ -83,7 +90,7 @@ def test_the_tool_on_a_stock_segmentor_checkpoint(tmp_path, tiny_ade):
     assert report['iters'] == 60 and report['seconds'] > 0 and report['whole_model'] is True
 
     swapped = build(swapped_cfg)
-    saved = torch.load(out, map_location='cpu')['state_dict']
+    saved = load_run_checkpoint(out)['state_dict']
     swapped.load_state_dict(saved, strict=True)  # the whole swapped model, heads included
     stock_state = stock.state_dict()
     for key, value in saved.items():
@@ -224,7 +231,7 @@ def test_the_tool_on_a_tiny_vitdet_whose_teacher_keeps_its_windows(tmp_path, tin
         assert row['rel_l2_after'] < row['rel_l2_before'], row
     nala = MODELS.build(Config.fromfile(str(nala_cfg)).model)
     assert list(nala.backbone.mixers) == ['nala'] * 3
-    saved = torch.load(out, map_location='cpu')['state_dict']
+    saved = load_run_checkpoint(out)['state_dict']
     nala.load_state_dict(saved, strict=True)
     stock_state = stock.state_dict()
     for key in ('neck.lateral.0.conv.weight', 'roi_head.bbox_head.fc_cls.weight'):

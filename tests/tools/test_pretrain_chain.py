@@ -11,6 +11,7 @@ from mmengine.runner import Runner
 from mmengine.runner.checkpoint import CheckpointLoader
 from mmseg.registry import MODELS as SEG_MODELS
 
+from nala_mm import compat
 from nala_mm.datasets.synthetic_imagenet import generate_imagenet_like
 from tests.helpers import DEMO_SEG_CFG, REPO, write_seg_config
 from tests.support.pretrain import requires_mmpretrain
@@ -51,8 +52,9 @@ def pretrain(tmp_path) -> str:
 
 def test_a_classifier_checkpoint_initialises_upernet_and_fine_tunes(tmp_path, tiny_ade):
     checkpoint = pretrain(tmp_path)
-    # read as the backbone will read it (weights-only, nala_mm.compat's loader)
-    classifier = CheckpointLoader.load_checkpoint(checkpoint, map_location='cpu')['state_dict']
+    # read as the backbone will read it in the tools (weights-only, with nala_mm.compat)
+    with compat.installed():
+        classifier = CheckpointLoader.load_checkpoint(checkpoint, map_location='cpu')['state_dict']
     trained = {k[len('backbone.'):]: v for k, v in classifier.items()
                if k.startswith('backbone.')}
     assert trained and any(k.startswith('neck.') for k in classifier)

@@ -8,12 +8,12 @@ import signal
 import subprocess
 
 import pytest
-import torch
 
 from tests.helpers import (
     PYTHON,
     REPO,
     free_port,
+    load_run_checkpoint,
     logged_scalars,
     run_tool,
     tool_env,
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.integration
 # Deterministic and exactly logged: window 1 (no smoothing), one data worker (seeded per worker,
 # so the resumed dataloader replay is exact), DropPath on to exercise the RNG-state hook.
 CRASH_EXTRA = """
-custom_imports = dict(imports=['nala_mm', 'nala_mm.compat', 'tests.support.kill_hook'],
+custom_imports = dict(imports=['nala_mm', 'tests.support.kill_hook'],
                       allow_failed_imports=False)
 randomness = dict(seed=0, deterministic=True)
 log_processor = dict(window_size=1)
@@ -84,7 +84,7 @@ def test_sigkill_then_resume_continues_with_identical_losses(tmp_path, small_ade
 # Two ranks with their own seeds (seed + rank); the probes record each rank's next draws and,
 # at the end, checksums of its weights and optimizer state.
 RANK_EXTRA = """
-custom_imports = dict(imports=['nala_mm', 'nala_mm.compat', 'tests.support.rng_probe',
+custom_imports = dict(imports=['nala_mm', 'tests.support.rng_probe',
                                'tests.support.state_probe'], allow_failed_imports=False)
 custom_hooks = [dict(type='RNGStateHook'), dict(type='RNGProbeHook'), dict(type='StateProbeHook')]
 randomness = dict(seed=0, diff_rank_seed=True)
@@ -143,7 +143,7 @@ def test_two_ranks_train_alike_and_resume_their_own_random_streams(tmp_path, sma
     assert all(sorted(r) == [1, 2, 3, 4] for r in reference)
     for it in (1, 3):  # each rank draws its own stream: torch, numpy and python all differ
         assert all(a != b for a, b in zip(reference[0][it], reference[1][it])), it
-    saved = torch.load(straight / 'iter_2.pth', map_location='cpu')['rng_state']
+    saved = load_run_checkpoint(straight / 'iter_2.pth')['rng_state']
     assert saved['world_size'] == 2 and sorted(saved['ranks']) == [0, 1]
 
     resumed = tmp_path / 'resumed'  # restart from the iteration-2 checkpoint of that run
@@ -165,7 +165,7 @@ def test_epoch_based_two_rank_run_and_two_process_test_give_the_single_process_m
     dist_tool('tools/dist_train.sh', config, 2, '--work-dir', work)
     assert_ranks_hold_the_same_state(work)
     for epoch in (1, 2):  # saved after each epoch, with both ranks' generator states
-        saved = torch.load(work / f'epoch_{epoch}.pth', map_location='cpu')
+        saved = load_run_checkpoint(work / f'epoch_{epoch}.pth')
         assert saved['meta']['epoch'] == epoch
         assert saved['rng_state']['world_size'] == 2
         assert sorted(saved['rng_state']['ranks']) == [0, 1]

@@ -5,9 +5,8 @@ back exactly in each."""
 import re
 
 import pytest
-import torch
 
-from tests.helpers import REPO, run_tool
+from tests.helpers import REPO, load_run_checkpoint, run_tool
 from tests.tools.test_upstream_tools import upstream
 
 pytestmark = pytest.mark.integration
@@ -62,7 +61,7 @@ default_hooks = dict(checkpoint=dict(interval=1), logger=dict(interval=1))
 
 
 def _mixer_state(path) -> dict:
-    state = torch.load(path, map_location='cpu')['state_dict']
+    state = load_run_checkpoint(path)['state_dict']
     return {k: v for k, v in state.items() if '.mixer.' in k}
 
 
