@@ -23,7 +23,6 @@ from nala_mm.models import NaLaFormer
 from nala_mm.models.mixer_specs import build_mixer
 from tests.contracts.checks import (
     as_list,
-    assert_gradients_agree,
     compiled_matches_eager,
     forward_backward,
     through_a_file,

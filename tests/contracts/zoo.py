@@ -11,6 +11,7 @@ failures are declared here, beside what they fail, as strict xfails with their r
   class mmdet registers). A new family is one entry; ``test_every_registered_family_is_in_the_zoo``
   fails until it has one.
 """
+import inspect
 from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 import pytest
@@ -95,11 +96,27 @@ class Family(NamedTuple):
     def build(self, layout: str, **overrides) -> torch.nn.Module:
         return self.cls(**dict(self.kwargs, mixers=self.layouts[layout], **overrides))
 
+    def parent(self) -> type:
+        """What defines the family's arguments: the stock parent (NaLaFormer: itself)."""
+        return self.cls if self.cls is NaLaFormer else self.cls.stock_parent()
+
     def reference(self, **overrides) -> torch.nn.Module:
-        """What defines the family's arguments: the stock parent (NaLaFormer: itself, stock)."""
+        """The parent at the same sizes (NaLaFormer: with its stock layout)."""
         if self.cls is NaLaFormer:
             return self.build('stock', **overrides)
-        return self.cls.stock_parent()(**dict(self.kwargs, **overrides))
+        return self.parent()(**dict(self.kwargs, **overrides))
+
+    def parent_defines(self, arg: str) -> bool:
+        """Whether ``arg`` is an argument of the parent (through ``**kwargs`` chains)."""
+        for klass in self.parent().__mro__:
+            if '__init__' not in vars(klass):
+                continue
+            params = inspect.signature(vars(klass)['__init__']).parameters
+            if arg in params:
+                return True
+            if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+                return False
+        return False
 
 
 # the tiny sizes: one block per stage, the first width 8-32, a head dim divisible by 4 (RoPE)
@@ -175,11 +192,10 @@ FAMILY_XFAILS: Dict[Tuple[str, str, str], pytest.MarkDecorator] = {
 
 
 def family_params(contract: str, layouts=('nala', 'stock'),
-                  where: Callable[[str, Family], bool] = lambda key, family: True,
-                  marks: Callable[[str, str], list] = lambda key, layout: []) -> list:
-    """``(key, layout)`` parameters of ``contract`` over the zoo (``where`` filters families),
-    ids ``KEY-LAYOUT``, with the known failures and any ``marks(key, layout)``."""
-    return [pytest.param(key, layout, id=f'{key}-{layout}', marks=[
-        mark for mark in [FAMILY_XFAILS.get((contract, key, layout)), *marks(key, layout)]
-        if mark is not None])
-        for key, family in FAMILIES.items() if where(key, family) for layout in layouts]
+                  where: Callable[[Family], bool] = lambda family: True, extra=()) -> list:
+    """``(key, layout, *extra)`` parameters of ``contract`` over the zoo (``where`` filters
+    families), ids ``KEY-LAYOUT[-EXTRA]``, with the known failures."""
+    return [pytest.param(key, layout, *extra, id='-'.join(map(str, (key, layout, *extra))),
+                         marks=[mark for mark in [FAMILY_XFAILS.get((contract, key, layout))]
+                                if mark is not None])
+            for key, family in FAMILIES.items() if where(family) for layout in layouts]
