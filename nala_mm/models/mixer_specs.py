@@ -20,7 +20,8 @@ from .mixers import GatedAttention
 from .window_attention import WindowSoftmaxAttention
 
 # What a token mixer subclasses: the shared gated wrapper, or ViTDet's plain softmax attention
-# (a stock ViT's qkv/proj, in windows or global).
+# (a stock ViT's qkv/proj, in windows or global). Each base declares ``contract_variants()``, the
+# settings the contract suite (tests/contracts) runs for every registered subclass.
 MIXER_BASES = (GatedAttention, WindowSoftmaxAttention)
 
 MixerEntry = Union[str, dict]

@@ -6,14 +6,15 @@ load into any mixer, every mixer has the same parameters, and comparisons betwee
 A mixer defines only :meth:`GatedAttention.mix` on ``(B, heads, N, d)`` tensors (and, for
 inspection, :meth:`GatedAttention.attention_weights`). To add one, subclass
 :class:`GatedAttention`, register it with :func:`nala_mm.registry.register_model`, and name it in
-a backbone's ``mixers`` (``dict(type='MyMixer', ...)``).
+a backbone's ``mixers`` (``dict(type='MyMixer', ...)``). The contract suite (``tests/contracts``)
+finds it in the registry and runs it at each of its :meth:`GatedAttention.contract_variants`.
 
 Modules take and return channels-last tokens ``(B, H, W, C)``, the backbone block's layout: the
 projections read contiguous memory, and q, k, v and the gate are four contiguous products with
 ``qkvg``'s weight rows. The math lives in :mod:`nala_mm.ops`; every mixer takes the package's one
 switch, ``mode='fast' | 'reference'`` (:mod:`nala_mm.ops.mode`).
 """
-from typing import Optional, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -34,6 +35,8 @@ from ..ops import (
     rope_phasor,
     rope_table_for,
 )
+from ..ops.attention.config import KERNELS
+from ..ops.attention.feature_maps import PLAIN_FEATURE_MAPS, QUERY_NORMS
 from ..ops.token_shard import active_shard
 from ..registry import register_model
 from .depthwise import TokenConv2d, conv_tokens
@@ -114,6 +117,14 @@ class GatedAttention(BaseModule):
         """The weights ``(B, heads, len(rows), N)`` with which the queries ``rows`` (all when
         ``None``) mix the values, for inspection. Quadratic in N without ``rows``."""
         raise NotImplementedError
+
+    @classmethod
+    def contract_variants(cls) -> Dict[str, dict]:
+        """The settings of this mixer that the contract suite (``tests/contracts``) runs, each
+        a config without sizes (``dict(type=..., **variant)``) under an id: every branch of the
+        mixer's math that a setting selects. Default: the mixer's own defaults. A subclass whose
+        arguments choose among code paths overrides it."""
+        return {'default': {}}
 
     # ------------------------------------------------------------------ what the analysis asks
     def query_exponent(self, qnorm: Tensor) -> Optional[Tensor]:
@@ -259,6 +270,13 @@ class NormAwareLinearAttention(KernelizedMixer):
         super().__init__(embed_dims, num_heads, *cfg.feature_maps(), eps, **kwargs)
         self.cfg = cfg
 
+    @classmethod
+    def contract_variants(cls) -> Dict[str, dict]:
+        """Every kernel with every query norm (``'cosine-raw'``, ...): each pair is its own
+        feature-map code."""
+        return {f'{kernel}-{norm}': dict(kernel=kernel, query_norm=norm)
+                for kernel in KERNELS for norm in QUERY_NORMS}
+
     def query_exponent(self, qnorm: Tensor) -> Tensor:
         return self.query_map.power(qnorm, self.head_dims)
 
@@ -289,6 +307,11 @@ class LinearAttention(KernelizedMixer):
         phi = build_plain_feature_map(feature_map)
         super().__init__(embed_dims, num_heads, phi, phi, eps, **kwargs)
         self.feature_map = feature_map
+
+    @classmethod
+    def contract_variants(cls) -> Dict[str, dict]:
+        """Every plain feature map (``'relu'``, ``'elu'``)."""
+        return {name: dict(feature_map=name) for name in PLAIN_FEATURE_MAPS}
 
     def extra_repr(self) -> str:
         return (f'heads={self.num_heads}, feature_map={self.feature_map}, eps={self.eps:g}, '

@@ -12,7 +12,7 @@ values are the projection's biases), as detectron2's ``window_partition`` does; 
 are cropped after the attention. Decomposed relative-position biases are not provided
 (docs/user_guides/vitdet.md says what that changes).
 """
-from typing import Optional, Sequence
+from typing import Dict, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -61,6 +61,14 @@ class WindowSoftmaxAttention(BaseModule):
         self.mode = mode
         self.qkv = nn.Linear(embed_dims, 3 * embed_dims, bias=qkv_bias)
         self.proj = nn.Linear(embed_dims, embed_dims)
+
+    @classmethod
+    def contract_variants(cls) -> Dict[str, dict]:
+        """The settings the contract suite (``tests/contracts``) runs, as
+        :meth:`GatedAttention.contract_variants <nala_mm.models.GatedAttention.contract_variants>`
+        declares them: windows smaller than a test's grid (several windows, the last ones
+        padded) and global attention (``window_size=0``, ViTDet's ``'sdpa'`` blocks)."""
+        return {'window': dict(window_size=4), 'sdpa': dict(window_size=0)}
 
     def _attend(self, tokens: Tensor) -> Tensor:
         """``(B', L, C)`` -> attention among each row's ``L`` tokens, before ``proj``."""

@@ -7,41 +7,20 @@ Captured through ``backend='aot_eager'`` (dynamo's graph, AOTAutograd's joint fo
 graph and its partition, with the fast ops as nodes: where recompiles and the saved-view failure
 of nala_mm.apis.compile arise): two families in ``make test``, every family in ``make
 test-extended``; inductor's code generation for every family in ``make test-extended`` (about 3
-to 10 minutes a model on the 2-core CPU).
+to 10 minutes a model on the 2-core CPU). The families and their known failures are the contract
+suite's zoo (tests/contracts/zoo.py), NaLa in every unit and with the stock module kept.
 """
 import copy
-from typing import Callable, Dict, List
+from typing import List
 
 import pytest
 import torch
-import torch._inductor.exc
 from torch._dynamo.testing import CompileCounterWithBackend
 
 from nala_mm.apis.compile import compile_model, compile_regions, compile_settings
-from nala_mm.models import NaLaFormer
-from nala_mm.models.swap import (
-    NaLaMixVisionTransformer,
-    NaLaVisionTransformer,
-    SegNaLaSwinTransformer,
-)
+from tests.contracts.zoo import FAMILIES, family_params
 from tests.helpers import rel_err
 
-ARCH = dict(embed_dims=(16, 32, 48, 64), depths=(1, 1, 1, 1), num_heads=(1, 2, 3, 4),
-            mlp_ratios=(2, 2, 2, 2))
-FAMILIES: Dict[str, Callable[[], torch.nn.Module]] = {
-    'nalaformer-nala': lambda: NaLaFormer(arch=ARCH, mixers=('nala',) * 4, drop_path_rate=0.0),
-    # the released hybrid: NaLa in stages 1-3, softmax in stage 4
-    'nalaformer-hybrid': lambda: NaLaFormer(arch=ARCH, drop_path_rate=0.0),
-    'vit-nala': lambda: NaLaVisionTransformer(
-        img_size=(64, 64), patch_size=16, embed_dims=32, num_layers=2, num_heads=2, mlp_ratio=2,
-        out_indices=(1,), mixers=('nala', 'nala'), drop_path_rate=0.0),
-    'mmseg-swin': lambda: SegNaLaSwinTransformer(embed_dims=16, depths=(1, 1, 1, 1),
-                                                 num_heads=(1, 1, 2, 4), window_size=4,
-                                                 mixers=('nala',) * 4, drop_path_rate=0.0),
-    'mmseg-mit': lambda: NaLaMixVisionTransformer(embed_dims=16, num_layers=[1, 1, 1, 1],
-                                                  num_heads=[1, 1, 2, 4], mixers=('nala',) * 4,
-                                                  drop_path_rate=0.0),
-}
 # three sizes a data pipeline meets: padded to 32 (as mmseg's and mmdet's batches are; the stock
 # Swin's PatchMerging branches in Python on an odd grid), none square (a square size adds
 # dynamo's duck-sizing guard)
@@ -96,27 +75,30 @@ def trains_like_eager(model: torch.nn.Module, compiled, compiled_model=None,
         assert max(errors) < 1e-3, (size, max(errors))
 
 
-def build(name: str) -> torch.nn.Module:
+def build(key: str, layout: str = 'nala') -> torch.nn.Module:
     torch.manual_seed(0)
-    model = FAMILIES[name]()
+    model = FAMILIES[key].build(layout)
     model.init_weights()
     model.train()  # (the stock Swin's train() returns nothing)
     return model
 
 
 # make test's share: the hierarchical NaLaFormer and a swapped stock family (about 25-50 s each
-# here); the others in make test-extended beside inductor's
-IN_MAKE_TEST = ('nalaformer-nala', 'vit-nala')
+# here), NaLa in every unit; the others in make test-extended beside inductor's
+IN_MAKE_TEST = (('NaLaFormer', 'nala'), ('mmseg.NaLaVisionTransformer', 'nala'))
 
 
-@pytest.mark.parametrize('name', [name if name in IN_MAKE_TEST else
-                                  pytest.param(name, marks=pytest.mark.extended)
-                                  for name in FAMILIES])
-def test_compiled_training_follows_the_input_size(name):
+def in_make_test(param):
+    return param if tuple(param.values) in IN_MAKE_TEST else pytest.param(
+        *param.values, id=param.id, marks=[*param.marks, pytest.mark.extended])
+
+
+@pytest.mark.parametrize('key,layout', map(in_make_test, family_params('aot-eager-training')))
+def test_compiled_training_follows_the_input_size(key, layout):
     """A plain ``torch.compile`` of the model, as a user's own script calls it: inside
     ``compile_settings()`` (the saved-view workaround, the recompile limit raising)."""
     torch._dynamo.reset()
-    model = build(name)
+    model = build(key, layout)
     counter = CompileCounterWithBackend('aot_eager')
     compiled = torch.compile(model, backend=counter)
     with compile_settings():
@@ -124,23 +106,15 @@ def test_compiled_training_follows_the_input_size(name):
     assert counter.frame_count <= MAX_GRAPHS
 
 
-# inductor (torch 2.13) fails to lower the stock Mix-FFN's channels-first view of the tokens
-# (mmseg's nlc_to_nchw) with dynamic sizes: "ValueRangeError: Invalid ranges [0:-1]" in
-# ExternKernel.require_stride_order, called from GraphLowering.run_node on that saved view
-MIT_INDUCTOR = pytest.mark.xfail(strict=True, raises=torch._inductor.exc.InductorError,
-                                 reason='inductor cannot lower the Mix-FFN view at dynamic sizes')
-
-
 @pytest.mark.extended
-@pytest.mark.parametrize('name,dynamic', [
-    # torch's default: static, then dynamic
-    *(pytest.param(name, None, marks=MIT_INDUCTOR) if name == 'mmseg-mit' else (name, None)
-      for name in FAMILIES),
-    ('nalaformer-nala', True)], ids=lambda value: {None: 'default', True: 'dynamic'}.get(value,
-                                                                                        value))
-def test_inductor_training_follows_the_input_size(name, dynamic):
+@pytest.mark.parametrize('key,layout,dynamic', [
+    # torch's default: static, then dynamic; NaLa in every unit (the stock layouts under
+    # inductor have not been run)
+    *family_params('inductor-training', layouts=('nala',), extra=(None,)),
+    pytest.param('NaLaFormer', 'nala', True, id='NaLaFormer-nala-dynamic')])
+def test_inductor_training_follows_the_input_size(key, layout, dynamic):
     torch._dynamo.reset()
-    model = build(name)
+    model = build(key, layout)
     compiled = compile_model(model, dynamic=dynamic)  # inductor
     trains_like_eager(model, compiled)
     assert compiled.compilations <= MAX_INDUCTOR_GRAPHS
@@ -148,7 +122,7 @@ def test_inductor_training_follows_the_input_size(name, dynamic):
 
 def test_regional_compilation_shares_one_forward_per_block_class():
     torch._dynamo.reset()
-    eager, model = build('nalaformer-nala'), build('nalaformer-nala')  # the same weights
+    eager, model = build('NaLaFormer'), build('NaLaFormer')  # the same weights
     keys = list(model.state_dict())
     regions = compile_regions(model, backend='aot_eager')
     assert regions.blocks == 4 and [c.__name__ for c in regions.compiled] == ['NaLaBlock']
