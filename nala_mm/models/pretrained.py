@@ -11,12 +11,14 @@ ones the model rebuilds. The backbone's ``init_weights`` (:func:`load_pretrained
 tools/convert_checkpoint.py both go through it; mmengine's stock ``Pretrained`` initialisation
 would unwrap only ``state_dict`` and, fed an authors' file, load nothing and say nothing.
 """
+import argparse
 import os.path as osp
 import re
 from collections import Counter
 from dataclasses import dataclass
 from typing import Dict, List, Mapping, Sequence, Tuple
 
+import torch
 from mmengine.logging import print_log
 from mmengine.runner.checkpoint import CheckpointLoader
 from torch import Tensor, nn
@@ -188,7 +190,11 @@ def load_pretrained(model: nn.Module, path: str, use_ema: bool = False) -> Dict[
     """
     if '://' not in str(path) and not osp.isfile(path):  # local paths only
         raise FileNotFoundError(missing_checkpoint_message(path, model))
-    checkpoint = CheckpointLoader.load_checkpoint(path, map_location='cpu')
+    # The authors' DeiT-style files hold their command line as an argparse.Namespace ('args')
+    # beside the weights: a plain attribute holder, allowed for this load only (weights-only
+    # unpickling stays on; nothing of torch's global allow-list changes).
+    with torch.serialization.safe_globals([argparse.Namespace]):
+        checkpoint = CheckpointLoader.load_checkpoint(path, map_location='cpu')
     state = checkpoint_filter(checkpoint, model, use_ema=use_ema, keep_rope=True,
                               source=f'checkpoint {path}')
     rope = [key for key in state if ROPE_KEY.match(key)]

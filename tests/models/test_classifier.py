@@ -10,6 +10,7 @@ import torch
 from mmengine.config import Config
 from mmengine.runner import Runner
 
+from nala_mm import compat
 from nala_mm.models.classifier import NaLaFormerClsNeck, classifier_state_dict
 from tests.configs.test_configs import load
 from tests.helpers import REPO, rel_err
@@ -18,6 +19,14 @@ from tests.models.test_pretrained import released_model
 from tests.support.pretrain import requires_mmpretrain
 
 pytestmark = requires_mmpretrain
+
+
+@pytest.fixture(autouse=True)
+def with_compat():
+    """The Runner loads the authors' files (``load_from``) before the hook converts them: under
+    the host changes the project's tools install (their ``argparse.Namespace`` allow-listed)."""
+    with compat.installed():
+        yield
 
 T_CONFIG = osp.join(REPO, 'configs', 'imagenet', 'nalaformer-t_8xb128-300e_in1k.py')
 

@@ -84,6 +84,9 @@ def test_scalars_reach_scalars_json_through_the_runner(tmp_path):
     cfg.default_hooks.checkpoint = dict(type='CheckpointHook', interval=4)
     cfg.custom_hooks = [dict(type='MixerStatsHook', layers=['backbone.' + LAYER], interval=2)]
     cfg.work_dir = str(tmp_path / 'work')
+    # a name of its own: mmengine names a run by its start second and reuses a visualizer of the
+    # same name, so a Runner built in the same second by an earlier test would get the logs
+    cfg.experiment_name = f'longrange-stats-{tmp_path.name}'
     Runner.from_cfg(cfg).train()
     scalars = [json.loads(line) for line in
                next((tmp_path / 'work').rglob('scalars.json')).read_text().splitlines()]
