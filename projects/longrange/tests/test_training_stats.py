@@ -84,12 +84,14 @@ def test_scalars_reach_scalars_json_through_the_runner(tmp_path):
     cfg.default_hooks.checkpoint = dict(type='CheckpointHook', interval=4)
     cfg.custom_hooks = [dict(type='MixerStatsHook', layers=['backbone.' + LAYER], interval=2)]
     cfg.work_dir = str(tmp_path / 'work')
-    # a name of its own: mmengine names a run by its start second and reuses a visualizer of the
-    # same name, so a Runner built in the same second by an earlier test would get the logs
-    cfg.experiment_name = f'longrange-stats-{tmp_path.name}'
-    Runner.from_cfg(cfg).train()
-    scalars = [json.loads(line) for line in
-               next((tmp_path / 'work').rglob('scalars.json')).read_text().splitlines()]
+    # a visualizer of its own: mmseg's runtime names it 'visualizer', and mmengine hands back an
+    # existing instance of that name (an earlier test's, writing to that test's folder)
+    cfg.visualizer.name = f'visualizer-{tmp_path.name}'
+    runner = Runner.from_cfg(cfg)
+    runner.train()
+    # the file this run's visualizer writes (wherever an earlier instance of the name put it)
+    written = runner.visualizer.get_backend('LocalVisBackend')._scalar_save_file
+    scalars = [json.loads(line) for line in open(written).read().splitlines()]
     logged = [r for r in scalars if f'mixer/backbone.{LAYER}/grad_norm' in r]
     assert [r['step'] for r in logged] == [2, 4]
     assert all(r[f'mixer/backbone.{LAYER}/grad_norm'] > 0 for r in logged)
